@@ -1,0 +1,35 @@
+"""lightning-speedups: PyTorch Lightning callbacks that make training faster without compromising results.
+
+Add the callbacks to a ``lightning.pytorch.Trainer``; each is also importable from
+``lightning_speedups.callbacks``, and the math behind each lives in ``lightning_speedups.functional``.
+Importing this package makes the callbacks known to LightningCLI by their short names.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from lightning_speedups.base import SpeedupCallback, SpeedupWarning, training_progress
+from lightning_speedups.batch import BatchFieldError, BatchFields
+from lightning_speedups.callbacks import CutMix, LabelSmoothing, MixUp
+from lightning_speedups.data import SamplerProvider, SpeedupDataModule
+from lightning_speedups.targets import TargetTransformCallback, hard_labels
+
+try:
+    __version__ = version("lightning-speedups")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree without installing
+    __version__ = "0.0.0+unknown"
+
+__all__ = [
+    "BatchFieldError",
+    "BatchFields",
+    "CutMix",
+    "LabelSmoothing",
+    "MixUp",
+    "SamplerProvider",
+    "SpeedupCallback",
+    "SpeedupDataModule",
+    "SpeedupWarning",
+    "TargetTransformCallback",
+    "__version__",
+    "hard_labels",
+    "training_progress",
+]

@@ -1,0 +1,62 @@
+"""Argument checks shared by the callbacks: each error names the argument, the value and the fix."""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+from typing import Any
+
+
+def real(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
+        raise TypeError(f"`{name}` must be a finite number, got {value!r}.")
+    return float(value)
+
+
+def positive(name: str, value: Any, hint: str = "") -> float:
+    v = real(name, value)
+    if v <= 0:
+        raise ValueError(f"`{name}` must be > 0, got {value!r}.{' ' + hint if hint else ''}")
+    return v
+
+
+def in_range(
+    name: str,
+    value: Any,
+    low: float,
+    high: float,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    hint: str = "",
+) -> float:
+    v = real(name, value)
+    too_low = v <= low if low_open else v < low
+    too_high = v >= high if high_open else v > high
+    if too_low or too_high:
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise ValueError(f"`{name}` must be in {interval}, got {value!r}.{' ' + hint if hint else ''}")
+    return v
+
+
+def probability(name: str, value: Any) -> float:
+    return in_range(name, value, 0.0, 1.0, hint="It is the chance of applying the technique to a batch.")
+
+
+def window(start: Any, end: Any) -> tuple[float, float]:
+    """A ``[start, end)`` window in training progress (fractions of the run)."""
+    s = in_range("start", start, 0.0, 1.0, hint="It is a fraction of training progress, 0 = first step.")
+    e = in_range("end", end, 0.0, 1.0, hint="It is a fraction of training progress, 1 = last step.")
+    if e <= s:
+        raise ValueError(f"`end` ({end!r}) must be greater than `start` ({start!r}).")
+    return s, e
+
+
+def optional_int(name: str, value: Any, *, minimum: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an int or None, got {value!r}.")
+    if value < minimum:
+        raise ValueError(f"`{name}` must be >= {minimum}, got {value!r}.")
+    return value

@@ -1,0 +1,224 @@
+"""`SpeedupCallback`: the base class every lightning-speedups callback builds on.
+
+It gives a technique four things it should not reimplement:
+
+* **progress**: the fraction of training done, in [0, 1], from the trainer's own counters, so schedules
+  work for ``max_epochs`` and ``max_steps`` runs alike and pick up where they were after a resume;
+* **batches**: reading and replacing the input and target of any batch container (:class:`BatchFields`),
+  and, by overriding :meth:`SpeedupCallback.transform_batch`, a place in the one batch-transform seam
+  (:mod:`lightning_speedups.seam`) that replaces *training* batches on the device;
+* **randomness** that is reproducible: draws come from ``(seed, rank, batch index)``, so a resumed run
+  draws what the uninterrupted run would have, and DDP ranks draw independently;
+* **state and logging**: ``state_dict``/``load_state_dict``, knob values logged through the trainer's
+  loggers at ``log_every_n_steps``, and warnings that rank zero alone prints.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
+
+from lightning_speedups import seam
+from lightning_speedups._checks import optional_int
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+
+class SpeedupWarning(UserWarning):
+    """A lightning-speedups callback found something worth a look, but training can go on."""
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
+
+
+def training_progress(trainer: pl.Trainer, total_steps: float | None = None) -> float:
+    """Fraction of the run's optimizer steps already taken, clipped to [0, 1].
+
+    ``total_steps`` defaults to ``trainer.estimated_stepping_batches``, which accounts for ``max_epochs``,
+    ``max_steps``, ``limit_train_batches`` and gradient accumulation. Pass a cached value in hot paths.
+    """
+    total = trainer.estimated_stepping_batches if total_steps is None else total_steps
+    if not math.isfinite(total):
+        raise RuntimeError(
+            "Training progress needs a finite run length: set `max_steps` or `max_epochs` on the Trainer "
+            "(this run has neither, or an iterable dataset with no `max_steps`)."
+        )
+    if total <= 0:
+        return 1.0
+    return min(1.0, max(0.0, trainer.global_step / total))
+
+
+class SpeedupCallback(Callback):
+    """Base class for lightning-speedups callbacks; subclass it to write your own.
+
+    Subclasses override what they need:
+
+    * :meth:`transform_batch` to replace training batches on the device (the seam is installed for them);
+    * :meth:`knobs` to report their current settings, which are logged as ``<log_name>/<knob>``;
+    * ``state_dict``/``load_state_dict`` (call ``super()``) for state that must survive a resume, and
+      :meth:`state_key_fields` when several instances of one class may share a trainer;
+    * the usual Lightning hooks, calling ``super()`` for ``setup``, ``teardown``, ``on_train_start``,
+      ``on_train_epoch_start`` and ``on_train_batch_end``.
+
+    Args:
+        seed: seed of the callback's random draws. ``None`` takes the process seed at fit start
+            (``torch.initial_seed()``, which ``lightning.seed_everything`` sets) and stores it in checkpoints.
+        log_knobs: log :meth:`knobs` through the trainer's loggers.
+
+    Example:
+        A callback that scales the inputs during the first half of training (docs/extending.md has more)::
+
+            from lightning_speedups import BatchFields, SpeedupCallback
+
+            class EarlyScale(SpeedupCallback):
+                def __init__(self, factor: float = 0.5):
+                    super().__init__()
+                    self.factor, self.fields = factor, BatchFields()
+
+                def transform_batch(self, trainer, pl_module, batch):
+                    if self.progress(trainer) >= 0.5:
+                        return batch
+                    return self.fields.replace(batch, input=self.fields.get_input(batch) * self.factor)
+    """
+
+    #: prefix of logged knobs; defaults to the class name in snake case (``MixUp`` -> ``mix_up``).
+    log_name: str | None = None
+
+    def __init__(self, *, seed: int | None = None, log_knobs: bool = True) -> None:
+        super().__init__()
+        self.seed = optional_int("seed", seed, minimum=0)
+        self.log_knobs = bool(log_knobs)
+        self._total_steps: float | None = None
+
+    # ------------------------------------------------------------------ progress
+    def progress(self, trainer: pl.Trainer) -> float:
+        """Fraction of training done, in [0, 1]; 0 before training starts."""
+        if self._total_steps is None:
+            return 0.0
+        return training_progress(trainer, self._total_steps)
+
+    def _refresh_total_steps(self, trainer: pl.Trainer) -> None:
+        try:
+            self._total_steps = float(trainer.estimated_stepping_batches)
+        except Exception:  # e.g. GradientAccumulationScheduler with varying factors
+            self._total_steps = float(trainer.max_steps) if trainer.max_steps and trainer.max_steps > 0 else None
+
+    # ------------------------------------------------------------------ batches
+    def transform_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
+        """Return the training batch to use instead of ``batch`` (already on the device).
+
+        Runs after the user's ``transfer_batch_to_device``/``on_after_batch_transfer``, for training
+        batches only, in ``trainer.callbacks`` order. Never mutate ``batch`` or its tensors in place.
+        """
+        return batch
+
+    @property
+    def transforms_batches(self) -> bool:
+        """Whether this callback overrides :meth:`transform_batch` and so uses the seam."""
+        return type(self).transform_batch is not SpeedupCallback.transform_batch
+
+    # ------------------------------------------------------------------ randomness
+    def _batch_index(self, trainer: pl.Trainer) -> int:
+        # `started` counts batches whose training step began: inside batch_to_device and
+        # on_train_batch_start it is the 0-based index of the current batch; resume restores it.
+        return int(trainer.fit_loop.epoch_loop.batch_progress.total.started)
+
+    def rng(self, trainer: pl.Trainer) -> np.random.Generator:
+        """A generator for the current batch, seeded by (seed, rank, batch index, callback class)."""
+        salt = zlib.crc32(type(self).__qualname__.encode())
+        seed = self.seed if self.seed is not None else torch.initial_seed() % 2**63
+        return np.random.default_rng([seed, trainer.global_rank, self._batch_index(trainer), salt])
+
+    def torch_generator(self, trainer: pl.Trainer) -> torch.Generator:
+        """A CPU ``torch.Generator`` seeded like :meth:`rng`."""
+        return torch.Generator().manual_seed(int(self.rng(trainer).integers(2**62)))
+
+    # ------------------------------------------------------------------ logging and warnings
+    def knobs(self) -> dict[str, float]:
+        """Current values of this callback's settings, for the loggers."""
+        return {}
+
+    @property
+    def _log_prefix(self) -> str:
+        return self.log_name or _snake(type(self).__name__)
+
+    def log_now(self, trainer: pl.Trainer) -> None:
+        """Send :meth:`knobs` to every logger of ``trainer`` (rank zero only, as loggers are)."""
+        knobs = self.knobs()
+        if not knobs or not trainer.loggers:
+            return
+        metrics = {f"{self._log_prefix}/{k}": float(v) for k, v in knobs.items()}
+        step = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+    def warn(self, message: str) -> None:
+        """Warn once per process group: on rank zero only."""
+        rank_zero_warn(f"{type(self).__name__}: {message}", category=SpeedupWarning)
+
+    # ------------------------------------------------------------------ state
+    def state_key_fields(self) -> dict[str, Any]:
+        """Settings that tell two instances of this class apart in a checkpoint (e.g. two windows)."""
+        return {}
+
+    @property
+    def state_key(self) -> str:
+        fields = self.state_key_fields()
+        return self._generate_state_key(**fields) if fields else type(self).__qualname__
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.seed = state_dict.get("seed", self.seed)
+
+    # ------------------------------------------------------------------ Lightning hooks
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        if self.seed is None:
+            self.seed = torch.initial_seed() % 2**63
+        if self.transforms_batches:
+            if is_param_in_hook_signature(pl_module.training_step, "dataloader_iter", explicit=True):
+                raise RuntimeError(
+                    f"{type(self).__name__} replaces training batches, but `training_step` takes "
+                    "`dataloader_iter` and so never receives a batch from Lightning. Take `batch` in "
+                    "`training_step`, or remove this callback."
+                )
+            seam.install(trainer, self)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.transforms_batches:
+            seam.uninstall(trainer, self)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._refresh_total_steps(trainer)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The loader may have been reloaded (reload_dataloaders_every_n_epochs) with another length.
+        if trainer.reload_dataloaders_every_n_epochs:
+            self._refresh_total_steps(trainer)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.log_knobs and trainer.loggers and _should_log(trainer):
+            self.log_now(trainer)
+
+
+def _should_log(trainer: pl.Trainer) -> bool:
+    connector = getattr(trainer, "_logger_connector", None)
+    flag = getattr(connector, "should_update_logs", None)
+    if isinstance(flag, bool):
+        return flag
+    return (trainer.global_step % max(1, trainer.log_every_n_steps)) == 0

@@ -1,0 +1,207 @@
+"""Read and replace the input and the target of a batch, whatever its container.
+
+A training batch reaches our callbacks as whatever the user's ``collate_fn`` and transfer hooks made of it:
+a list or tuple (``default_collate`` turns tuple samples into a list), a dict, a namedtuple, a dataclass, or
+any custom object. :class:`BatchFields` names where the input and the target live and builds a *new* batch
+with either replaced, so a transform never mutates the user's objects (which may alias a dataset's storage).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Any
+
+from torch import Tensor
+
+Key = int | str
+#: ``getter(batch) -> (input, target)``; the target may be ``None`` when the batch has none.
+BatchGetter = Callable[[Any], tuple[Tensor, Tensor | None]]
+#: ``setter(batch, input, target) -> new_batch``.
+BatchSetter = Callable[[Any, Tensor, Tensor | None], Any]
+
+_INPUT_NAMES = ("input", "inputs", "x", "image", "images", "img", "pixel_values", "data", "features")
+_TARGET_NAMES = ("target", "targets", "y", "label", "labels", "class", "classes")
+
+
+class BatchFieldError(ValueError):
+    """The batch does not have the input or target the callback was told to use."""
+
+
+def _is_namedtuple(obj: Any) -> bool:
+    return isinstance(obj, tuple) and hasattr(obj, "_fields") and hasattr(obj, "_replace")
+
+
+class BatchFields:
+    """Where a batch keeps its input and its target.
+
+    Args:
+        input_key: index (list/tuple/namedtuple), key (dict) or attribute name (dataclass, namedtuple or
+            any object) of the input. ``None`` picks ``0`` for sequences and a conventional name
+            (``"input"``, ``"x"``, ``"image"``, ...) for dicts and objects.
+        target_key: the same for the target; ``None`` picks ``1`` or a conventional name
+            (``"target"``, ``"y"``, ``"label"``, ...).
+        getter: for batches no key can describe, ``getter(batch) -> (input, target)``.
+        setter: with ``getter``, ``setter(batch, input, target) -> new batch``.
+
+    Example::
+
+        >>> import torch
+        >>> fields = BatchFields(input_key="image", target_key="label")
+        >>> batch = {"image": torch.zeros(2, 3), "label": torch.tensor([0, 1]), "id": [7, 8]}
+        >>> new = fields.replace(batch, input=torch.ones(2, 3))
+        >>> new["image"].sum().item(), batch["image"].sum().item(), new["id"]
+        (6.0, 0.0, [7, 8])
+    """
+
+    def __init__(
+        self,
+        input_key: Key | None = None,
+        target_key: Key | None = None,
+        getter: BatchGetter | None = None,
+        setter: BatchSetter | None = None,
+    ) -> None:
+        if (getter is None) != (setter is None):
+            raise ValueError(
+                "`getter` and `setter` go together: pass both (getter(batch) -> (input, target) and "
+                "setter(batch, input, target) -> batch) or neither."
+            )
+        if getter is not None and (input_key is not None or target_key is not None):
+            raise ValueError("Pass either `input_key`/`target_key` or `getter`/`setter`, not both.")
+        for name, key in (("input_key", input_key), ("target_key", target_key)):
+            if key is not None and not isinstance(key, int | str):
+                raise TypeError(f"`{name}` must be an int index or a str key, got {type(key).__name__}.")
+        if getter is not None and not (callable(getter) and callable(setter)):
+            raise TypeError("`getter` and `setter` must be callables.")
+        if input_key is not None and input_key == target_key:
+            raise ValueError(f"`input_key` and `target_key` are both {input_key!r}; they must differ.")
+        self.input_key = input_key
+        self.target_key = target_key
+        self.getter = getter
+        self.setter = setter
+
+    def __repr__(self) -> str:
+        if self.getter is not None:
+            return f"BatchFields(getter={self.getter!r}, setter={self.setter!r})"
+        return f"BatchFields(input_key={self.input_key!r}, target_key={self.target_key!r})"
+
+    # ------------------------------------------------------------------ key resolution
+    def _resolve(self, batch: Any, which: str) -> Key:
+        key = self.input_key if which == "input" else self.target_key
+        if key is not None:
+            return key
+        if isinstance(batch, list | tuple) and not _is_namedtuple(batch):
+            return 0 if which == "input" else 1
+        names = _INPUT_NAMES if which == "input" else _TARGET_NAMES
+        available = _available_keys(batch)
+        found = [n for n in names if n in available]
+        if not found:
+            raise BatchFieldError(
+                f"Could not find the {which} in a batch of type {type(batch).__name__} with keys "
+                f"{sorted(map(str, available))}. Pass `{which}_key=` naming it (or `getter`/`setter` for "
+                "a custom batch)."
+            )
+        return found[0]
+
+    # ------------------------------------------------------------------ access
+    def get(self, batch: Any) -> tuple[Any, Any]:
+        """Return ``(input, target)``; the target is ``None`` if the batch has none and no key names one."""
+        if self.getter is not None:
+            out = self.getter(batch)
+            if not (isinstance(out, tuple) and len(out) == 2):
+                raise BatchFieldError("`getter` must return a pair (input, target).")
+            return out
+        return self.get_input(batch), self.get_target(batch)
+
+    def get_input(self, batch: Any) -> Any:
+        if self.getter is not None:
+            return self.get(batch)[0]
+        return _read(batch, self._resolve(batch, "input"), "input")
+
+    def get_target(self, batch: Any) -> Any:
+        if self.getter is not None:
+            return self.get(batch)[1]
+        if self.target_key is None and isinstance(batch, list | tuple) and len(batch) < 2:
+            return None
+        try:
+            key = self._resolve(batch, "target")
+        except BatchFieldError:
+            if self.target_key is None:
+                return None
+            raise
+        return _read(batch, key, "target")
+
+    def replace(self, batch: Any, *, input: Any = None, target: Any = None) -> Any:
+        """Return a new batch of the same container type with ``input`` and/or ``target`` replaced."""
+        if self.getter is not None:
+            old_x, old_y = self.getter(batch)
+            return self.setter(batch, old_x if input is None else input, old_y if target is None else target)
+        updates: dict[Key, Any] = {}
+        if input is not None:
+            updates[self._resolve(batch, "input")] = input
+        if target is not None:
+            updates[self._resolve(batch, "target")] = target
+        return _write(batch, updates) if updates else batch
+
+
+def _available_keys(batch: Any) -> list[Any]:
+    if isinstance(batch, Mapping):
+        return list(batch.keys())
+    if _is_namedtuple(batch):
+        return list(batch._fields)
+    if dataclasses.is_dataclass(batch):
+        return [f.name for f in dataclasses.fields(batch)]
+    if isinstance(batch, list | tuple):
+        return list(range(len(batch)))
+    return [k for k in getattr(batch, "__dict__", {}) if not k.startswith("_")]
+
+
+def _read(batch: Any, key: Key, which: str) -> Any:
+    try:
+        if isinstance(batch, Mapping):
+            return batch[key]
+        if isinstance(batch, list | tuple) and isinstance(key, int):
+            return batch[key]
+        if isinstance(key, str):
+            return getattr(batch, key)
+    except (KeyError, IndexError, AttributeError):
+        pass
+    raise BatchFieldError(
+        f"The batch ({type(batch).__name__}) has no {which} at {key!r}; it has "
+        f"{sorted(map(str, _available_keys(batch)))}. Fix `{which}_key=`."
+    )
+
+
+def _write(batch: Any, updates: dict[Key, Any]) -> Any:
+    if isinstance(batch, Mapping):
+        if isinstance(batch, MutableMapping):
+            new = copy.copy(batch)
+            for k, v in updates.items():
+                new[k] = v
+            return new
+        return type(batch)({**batch, **updates})
+    if _is_namedtuple(batch):
+        if all(isinstance(k, str) for k in updates):
+            return batch._replace(**updates)
+        items = list(batch)
+        for k, v in updates.items():
+            items[k if isinstance(k, int) else batch._fields.index(k)] = v
+        return type(batch)(*items)
+    if isinstance(batch, list | tuple) and all(isinstance(k, int) for k in updates):
+        items = list(batch)
+        for k, v in updates.items():
+            items[k] = v
+        return items if isinstance(batch, list) else type(batch)(items)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return dataclasses.replace(batch, **updates)
+    try:
+        new = copy.copy(batch)
+        for k, v in updates.items():
+            setattr(new, k, v)
+    except (AttributeError, TypeError) as err:
+        raise BatchFieldError(
+            f"Cannot replace {list(updates)} on a {type(batch).__name__} batch ({err}). Pass "
+            "`getter`/`setter` that build a new batch."
+        ) from err
+    return new

@@ -1,0 +1,302 @@
+"""`SpeedupDataModule`: a LightningDataModule base that builds a sound training DataLoader.
+
+It is also where the sampling callbacks plug in: a callback that implements ``make_train_sampler`` (the
+:class:`SamplerProvider` protocol) supplies the training sampler, and reads per-sample metadata (class labels,
+difficulty scores) from :meth:`SpeedupDataModule.sample_labels` and :meth:`SpeedupDataModule.sample_difficulty`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import lightning.pytorch as pl
+import numpy as np
+from lightning.pytorch.accelerators import CUDAAccelerator
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
+
+from lightning_speedups import _checks
+
+
+@runtime_checkable
+class SamplerProvider(Protocol):
+    """A callback that supplies the training sampler of a :class:`SpeedupDataModule`.
+
+    The sampler must give every rank a disjoint shard of equal length of an epoch list that all ranks derive
+    alike (from ``seed`` and ``epoch``), should subclass ``torch.utils.data.DistributedSampler`` so that
+    Lightning neither wraps nor reshuffles it under DDP, and should offer ``skip_next(n)`` (skip the first
+    ``n`` indices of the next pass) so that a run resumed mid-epoch continues where it stopped.
+    """
+
+    def make_train_sampler(
+        self,
+        datamodule: SpeedupDataModule,
+        dataset: Dataset,
+        *,
+        epoch: int,
+        num_replicas: int,
+        rank: int,
+        seed: int,
+    ) -> Sampler: ...
+
+
+class EpochShuffleSampler(DistributedSampler):
+    """``DistributedSampler`` built knowing its epoch, able to skip the start of its next pass.
+
+    Shuffles by ``(seed, epoch)`` and shards over ranks exactly like ``DistributedSampler`` (single process
+    included), so Lightning leaves it alone under DDP. :meth:`skip_next` drops the first indices of the next
+    ``__iter__`` only: that is how a run resumed mid-epoch continues where it stopped.
+    """
+
+    def __init__(self, dataset: Dataset, *, epoch: int = 0, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.set_epoch(epoch)
+        self._skip = 0
+
+    def skip_next(self, n: int) -> None:
+        """Skip the first ``n`` indices of this rank's next pass."""
+        self._skip = max(0, int(n))
+
+    def __iter__(self) -> Iterator[int]:
+        skip, self._skip = self._skip, 0
+        return itertools.islice(super().__iter__(), skip, None)
+
+
+class ResumableDataLoader(DataLoader):
+    """A DataLoader that Lightning can resume mid-epoch.
+
+    Lightning saves the ``state_dict`` of stateful training loaders in checkpoints. Ours records the epoch and
+    how many batches of it the trainer has processed; on load, the sampler (if it has ``skip_next``) skips
+    those samples, so the resumed epoch continues with the batches the uninterrupted run would have seen.
+    """
+
+    _speedups_datamodule: SpeedupDataModule | None = None
+
+    def state_dict(self) -> dict[str, int]:
+        dm = self._speedups_datamodule
+        trainer = dm.trainer if dm is not None else None
+        if trainer is None:
+            return {}
+        batches = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        return {
+            "epoch": int(getattr(self.sampler, "epoch", 0)),
+            "batches": batches,
+            "epoch_done": int(batches >= trainer.num_training_batches),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        # Called before Lightning creates the first iterator of the resumed run, and before it calls
+        # set_epoch: the sampler must be put on the right epoch here, or that iterator replays a stale one.
+        if "epoch" not in state_dict:
+            return
+        done = bool(state_dict.get("epoch_done"))
+        epoch = state_dict["epoch"] + 1 if done else state_dict["epoch"]
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+        if done or not state_dict.get("batches"):
+            return
+        skip = getattr(self.sampler, "skip_next", None)
+        if skip is None:
+            from lightning.pytorch.utilities import rank_zero_warn
+
+            rank_zero_warn(
+                f"The training sampler {type(self.sampler).__name__} has no `skip_next`: a run resumed "
+                "mid-epoch restarts the epoch's data from its first batch."
+            )
+            return
+        skip(state_dict["batches"] * (self.batch_size or 1))
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (the affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def default_num_workers(dataset: Dataset, processes_per_node: int = 1) -> int:
+    """Worker processes for a training loader: none for in-memory tensors, else a share of the CPUs.
+
+    A ``TensorDataset`` is plain indexing: worker processes would only add inter-process copies. Otherwise
+    each training process gets its share of the CPUs, minus one for the process itself, at most 8.
+    """
+    if isinstance(dataset, TensorDataset):
+        return 0
+    return max(0, min(8, available_cpus() // max(1, processes_per_node) - 1))
+
+
+class SpeedupDataModule(pl.LightningDataModule):
+    """A DataModule whose ``train_dataloader`` has sound defaults and takes samplers from our callbacks.
+
+    Subclass it and set ``self.train_dataset`` in ``setup`` (or override :meth:`get_train_dataset`); write
+    ``val_dataloader`` as usual, or with :meth:`eval_dataloader` for the same defaults.
+
+    Defaults: worker processes from the CPU count (none for a ``TensorDataset``), ``pin_memory`` when training
+    on CUDA, persistent workers, and a shuffle seeded by ``(seed, epoch)`` that is sharded across DDP ranks.
+    The training loader is resumable: a run resumed from a checkpoint, at an epoch boundary or mid-epoch,
+    sees the data in the order the uninterrupted run would have.
+
+    Args:
+        batch_size: samples per batch and per process.
+        num_workers: DataLoader workers; ``None`` chooses as described above.
+        pin_memory: page-locked host memory; ``None`` enables it when the trainer trains on CUDA.
+        persistent_workers: keep workers alive between epochs (when there are workers).
+        drop_last: drop the last incomplete batch.
+        shuffle: shuffle the training set each epoch.
+        seed: seed of the shuffle; ``None`` takes ``PL_GLOBAL_SEED`` (set by ``seed_everything``), else 0.
+        collate_fn: passed to the DataLoaders.
+
+    Example::
+
+        import torch
+        from torch.utils.data import TensorDataset
+        from lightning_speedups import SpeedupDataModule
+
+        class Blobs(SpeedupDataModule):
+            num_classes = 3
+
+            def setup(self, stage):
+                x, y = torch.randn(300, 2), torch.randint(0, 3, (300,))
+                self.train_dataset = TensorDataset(x[:240], y[:240])
+                self.val_dataset = TensorDataset(x[240:], y[240:])
+
+            def val_dataloader(self):
+                return self.eval_dataloader(self.val_dataset)
+
+        dm = Blobs(batch_size=32)
+    """
+
+    #: the training dataset; set it in ``setup`` or override :meth:`get_train_dataset`.
+    train_dataset: Dataset | None = None
+
+    def __init__(
+        self,
+        batch_size: int = 64,
+        *,
+        num_workers: int | None = None,
+        pin_memory: bool | None = None,
+        persistent_workers: bool = True,
+        drop_last: bool = False,
+        shuffle: bool = True,
+        seed: int | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.batch_size = _checks.optional_int("batch_size", batch_size, minimum=1)
+        self.num_workers = _checks.optional_int("num_workers", num_workers, minimum=0)
+        self.pin_memory = pin_memory
+        self.persistent_workers = bool(persistent_workers)
+        self.drop_last = bool(drop_last)
+        self.shuffle = bool(shuffle)
+        self.seed = _checks.optional_int("seed", seed, minimum=0)
+        self.collate_fn = collate_fn
+
+    # ------------------------------------------------------------------ what users provide
+    def get_train_dataset(self) -> Dataset:
+        """The training dataset; by default ``self.train_dataset``."""
+        if self.train_dataset is None:
+            raise RuntimeError(
+                f"{type(self).__name__} has no training dataset: set `self.train_dataset` in `setup()` or "
+                "override `get_train_dataset()`."
+            )
+        return self.train_dataset
+
+    def sample_labels(self) -> np.ndarray | Sequence[Sequence[int]] | None:
+        """Class labels of each training sample, for samplers that balance classes.
+
+        One int per sample, or a sequence of ints per sample for multi-label data. By default:
+        ``self.train_labels`` if set, else the dataset's ``targets`` (torchvision datasets), else the second
+        tensor of a ``TensorDataset``; ``None`` if none of those exists.
+        """
+        labels = getattr(self, "train_labels", None)
+        if labels is not None:
+            return labels
+        dataset = self.get_train_dataset()
+        if getattr(dataset, "targets", None) is not None:
+            return dataset.targets  # type: ignore[attr-defined]
+        if isinstance(dataset, TensorDataset) and len(dataset.tensors) >= 2:
+            return dataset.tensors[1].cpu().numpy()
+        return None
+
+    def sample_difficulty(self) -> np.ndarray | None:
+        """A difficulty score per training sample (higher = harder), for curricula; ``self.train_difficulty``."""
+        return getattr(self, "train_difficulty", None)
+
+    # ------------------------------------------------------------------ loaders
+    def _processes_per_node(self) -> int:
+        trainer = self.trainer
+        return int(getattr(trainer, "num_devices", 1) or 1) if trainer is not None else 1
+
+    def loader_kwargs(self, dataset: Dataset) -> dict[str, Any]:
+        """DataLoader keyword arguments shared by the training and evaluation loaders."""
+        workers = self.num_workers
+        if workers is None:
+            workers = default_num_workers(dataset, self._processes_per_node())
+        pin = self.pin_memory
+        if pin is None:
+            pin = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
+        kwargs: dict[str, Any] = {"num_workers": workers, "pin_memory": pin, "collate_fn": self.collate_fn}
+        if workers > 0:
+            kwargs["persistent_workers"] = self.persistent_workers
+        return kwargs
+
+    def _sampler_context(self) -> dict[str, int]:
+        trainer = self.trainer
+        if trainer is None:
+            return {"epoch": 0, "num_replicas": 1, "rank": 0, "seed": self._seed()}
+        return {
+            # The epoch Lightning will pass to set_epoch: right also while resuming, when current_epoch is not.
+            "epoch": int(trainer.fit_loop.epoch_progress.current.processed),
+            "num_replicas": int(trainer.world_size),
+            "rank": int(trainer.global_rank),
+            "seed": self._seed(),
+        }
+
+    def _seed(self) -> int:
+        return self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+    def sampler_providers(self) -> list[SamplerProvider]:
+        """The trainer's callbacks that supply a training sampler."""
+        trainer = self.trainer
+        callbacks = trainer.callbacks if trainer is not None else []
+        return [cb for cb in callbacks if isinstance(cb, SamplerProvider)]
+
+    def train_sampler(self, dataset: Dataset) -> Sampler:
+        """The training sampler: a sampling callback's, else a per-epoch seeded shuffle sharded over ranks."""
+        ctx = self._sampler_context()
+        providers = self.sampler_providers()
+        if len(providers) > 1:
+            names = ", ".join(type(p).__name__ for p in providers)
+            raise ValueError(f"Several callbacks supply the training sampler ({names}); keep one.")
+        if providers:
+            return providers[0].make_train_sampler(self, dataset, **ctx)
+        return EpochShuffleSampler(
+            dataset,
+            epoch=ctx["epoch"],
+            num_replicas=ctx["num_replicas"],
+            rank=ctx["rank"],
+            shuffle=self.shuffle,
+            seed=ctx["seed"],
+            drop_last=self.drop_last,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        """The training loader: resumable mid-epoch, with the sampler from :meth:`train_sampler`."""
+        dataset = self.get_train_dataset()
+        loader = ResumableDataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=self.train_sampler(dataset),
+            drop_last=self.drop_last,
+            **self.loader_kwargs(dataset),
+        )
+        loader._speedups_datamodule = self
+        return loader
+
+    def eval_dataloader(self, dataset: Dataset, batch_size: int | None = None) -> DataLoader:
+        """An evaluation loader (no shuffle) with the same worker and memory defaults."""
+        return DataLoader(
+            dataset, batch_size=batch_size or self.batch_size, shuffle=False, **self.loader_kwargs(dataset)
+        )

@@ -1,0 +1,191 @@
+"""Pure tensor ops behind MixUp, CutMix and label smoothing.
+
+Conventions, shared by every function here:
+
+* ``x`` is a floating-point batch ``(N, ...)``; CutMix needs ``(N, C, *spatial)`` with one or more spatial
+  dims (a sequence, an image, a volume).
+* targets are class indices ``(N,)`` (any integer dtype) or class probabilities ``(N, C)``; the ops return
+  probabilities, which ``torch.nn.functional.cross_entropy`` accepts as targets.
+* the partner of sample ``i`` is ``x[perm[i]]``; ``lam`` is the weight of the sample itself:
+  ``mixed = lam * x + (1 - lam) * x[perm]``.
+* nothing is modified in place: a batch may alias a dataset's storage.
+* randomness comes from an explicit ``numpy.random.Generator`` (or an int seed), never from global state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+RandomState = np.random.Generator | int | None
+
+
+def _rng(generator: RandomState) -> np.random.Generator:
+    return generator if isinstance(generator, np.random.Generator) else np.random.default_rng(generator)
+
+
+def as_probabilities(target: Tensor, num_classes: int | None = None, dtype: torch.dtype | None = None) -> Tensor:
+    """Class indices ``(N,)`` to one-hot ``(N, C)``; probabilities ``(N, C)`` pass through (cast to ``dtype``).
+
+    Raises ``ValueError`` for anything else (regression targets, masks, multi-dim labels).
+    """
+    float_dtype = dtype or (target.dtype if target.is_floating_point() else torch.float32)
+    if not target.is_floating_point() and not target.is_complex() and target.dtype != torch.bool:
+        if target.ndim != 1:
+            raise ValueError(f"Integer targets must be class indices of shape (N,), got shape {tuple(target.shape)}.")
+        if num_classes is None:
+            raise ValueError("Converting class indices to probabilities needs `num_classes`.")
+        out = torch.zeros(target.shape[0], num_classes, dtype=float_dtype, device=target.device)
+        return out.scatter_(1, target.long().unsqueeze(1), 1.0)
+    if target.is_floating_point() and target.ndim == 2:
+        if num_classes is not None and target.shape[1] != num_classes:
+            raise ValueError(f"Probability targets have {target.shape[1]} classes, expected {num_classes}.")
+        return target.to(float_dtype)
+    raise ValueError(
+        f"Targets must be class indices (N,) of an integer dtype or class probabilities (N, C) of a float "
+        f"dtype; got dtype {target.dtype} and shape {tuple(target.shape)}."
+    )
+
+
+def smooth_labels(target: Tensor, smoothing: float, num_classes: int | None = None) -> Tensor:
+    """``(1 - smoothing) * p + smoothing / C``: the targets that ``cross_entropy(label_smoothing=...)`` uses.
+
+    Linear in ``p``, so smoothing mixed targets equals mixing smoothed ones: apply it once, anywhere.
+    """
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"`smoothing` must be in [0, 1), got {smoothing!r}.")
+    probs = as_probabilities(target, num_classes)
+    return probs * (1.0 - smoothing) + smoothing / probs.shape[1]
+
+
+def sample_lambda(alpha: float, generator: RandomState = None) -> float:
+    """Draw ``lam ~ Beta(alpha, alpha)``, the mixing weight of Zhang et al. (2018)."""
+    if alpha <= 0:
+        raise ValueError(f"`alpha` must be > 0, got {alpha!r}.")
+    return float(_rng(generator).beta(alpha, alpha))
+
+
+def sample_permutation(n: int, device: torch.device | str = "cpu", generator: RandomState = None) -> Tensor:
+    """A random partner for each of ``n`` samples, as an index tensor on ``device``."""
+    perm = torch.from_numpy(_rng(generator).permutation(n))
+    return perm.to(device, non_blocking=True)
+
+
+def mix(x: Tensor, target: Tensor, lam: float, perm: Tensor, num_classes: int | None = None) -> tuple[Tensor, Tensor]:
+    """MixUp with a given weight and partner: ``lam * a + (1 - lam) * a[perm]`` for inputs and targets."""
+    _check_float_input(x, "mix")
+    probs = as_probabilities(target, num_classes)
+    return torch.lerp(x.index_select(0, perm), x, lam), torch.lerp(probs.index_select(0, perm), probs, lam)
+
+
+def mixup_batch(
+    x: Tensor,
+    target: Tensor,
+    alpha: float = 0.2,
+    num_classes: int | None = None,
+    generator: RandomState = None,
+) -> tuple[Tensor, Tensor, float, Tensor]:
+    """MixUp a batch: returns ``(mixed_x, mixed_target, lam, perm)``.
+
+    Example::
+
+        >>> x, y = torch.rand(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
+        >>> mx, my, lam, perm = mixup_batch(x, y, alpha=0.2, num_classes=4, generator=0)
+        >>> torch.allclose(mx, lam * x + (1 - lam) * x[perm])
+        True
+    """
+    rng = _rng(generator)
+    lam = sample_lambda(alpha, rng)
+    perm = sample_permutation(x.shape[0], x.device, rng)
+    mixed_x, mixed_y = mix(x, target, lam, perm, num_classes)
+    return mixed_x, mixed_y, lam, perm
+
+
+def cutmix_box(spatial_shape: Sequence[int], lam: float, generator: RandomState = None) -> tuple[slice, ...]:
+    """A random region covering about ``1 - lam`` of ``spatial_shape``, clipped at the borders.
+
+    In ``k`` spatial dims each side is cut to ``(1 - lam) ** (1 / k)`` of its length around a uniformly drawn
+    centre (the box of Yun et al., 2019, for ``k = 2``). Clipping can make the region smaller, so the
+    weight actually used must be recomputed with :func:`box_lambda`.
+    """
+    rng = _rng(generator)
+    ratio = (1.0 - lam) ** (1.0 / len(spatial_shape))
+    slices = []
+    for size in spatial_shape:
+        cut = round(size * ratio)
+        centre = int(rng.integers(size))
+        lo = min(max(centre - cut // 2, 0), size)
+        hi = min(max(centre - cut // 2 + cut, 0), size)
+        slices.append(slice(lo, hi))
+    return tuple(slices)
+
+
+def box_lambda(spatial_shape: Sequence[int], box: Sequence[slice]) -> float:
+    """The share of the sample that stays its own after pasting ``box``: ``1 - box area / total area``."""
+    area = math.prod(s.stop - s.start for s in box)
+    return 1.0 - area / math.prod(spatial_shape)
+
+
+def cut_and_paste(
+    x: Tensor, target: Tensor, box: Sequence[slice], perm: Tensor, num_classes: int | None = None
+) -> tuple[Tensor, Tensor, float]:
+    """Paste ``box`` of each partner ``x[perm]`` into ``x``; targets weighted by the pasted area's share.
+
+    Returns ``(cut_x, mixed_target, lam)`` with ``lam = 1 - box area / sample area``.
+    """
+    _check_float_input(x, "cutmix")
+    _check_spatial_input(x)
+    spatial = tuple(x.shape[2:])
+    if len(box) != len(spatial):
+        raise ValueError(f"`box` has {len(box)} dims but the input has {len(spatial)} spatial dims.")
+    lam = box_lambda(spatial, box)
+    region = (slice(None), slice(None), *box)
+    out = x.clone()
+    out[region] = x[region].index_select(0, perm)
+    probs = as_probabilities(target, num_classes)
+    return out, torch.lerp(probs.index_select(0, perm), probs, lam), lam
+
+
+def cutmix_batch(
+    x: Tensor,
+    target: Tensor,
+    alpha: float = 1.0,
+    num_classes: int | None = None,
+    generator: RandomState = None,
+) -> tuple[Tensor, Tensor, float, Tensor]:
+    """CutMix a batch: returns ``(cut_x, mixed_target, lam, perm)``, ``lam`` being the kept area's share.
+
+    Example::
+
+        >>> x, y = torch.rand(4, 3, 16, 16), torch.tensor([0, 1, 2, 3])
+        >>> cx, cy, lam, perm = cutmix_batch(x, y, num_classes=4, generator=0)
+        >>> onehot = torch.eye(4)[y]
+        >>> torch.allclose(cy, lam * onehot + (1 - lam) * onehot[perm])
+        True
+    """
+    _check_spatial_input(x)
+    rng = _rng(generator)
+    box = cutmix_box(tuple(x.shape[2:]), sample_lambda(alpha, rng), rng)
+    perm = sample_permutation(x.shape[0], x.device, rng)
+    out, probs, lam = cut_and_paste(x, target, box, perm, num_classes)
+    return out, probs, lam, perm
+
+
+def _check_float_input(x: Tensor, op: str) -> None:
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{op} needs floating-point inputs to mix, got dtype {x.dtype}. Convert the inputs to float "
+            "(in the dataset's transform or in `on_after_batch_transfer`) before this callback runs."
+        )
+
+
+def _check_spatial_input(x: Tensor) -> None:
+    if x.ndim < 3:
+        raise ValueError(
+            f"CutMix pastes a region of (N, C, *spatial) inputs; got shape {tuple(x.shape)}. Use MixUp for "
+            "flat features."
+        )

@@ -1,0 +1,87 @@
+"""The one place where our callbacks replace a training batch.
+
+Lightning gives callbacks no hook that can *return* a new batch: ``on_train_batch_start`` discards return
+values, and patching the model's ``on_after_batch_transfer`` is silently bypassed when a DataModule defines
+that hook. Every loop, however, moves its batch through ``trainer.strategy.batch_to_device``, which runs the
+user's ``transfer_batch_to_device`` and ``on_after_batch_transfer`` (from the model or the DataModule,
+whichever Lightning selected). We wrap that method on the strategy *instance*: the wrapper calls the
+original and then, for training batches only (not validation, test, predict or sanity-check ones), hands
+the on-device batch to each registered callback in ``trainer.callbacks`` order.
+
+The wrapper is installed once per strategy however many callbacks use it, and removed when the last one
+tears down, leaving the strategy exactly as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+_SEAM_ATTR = "_lightning_speedups_seam"
+
+
+class BatchTransformSeam:
+    """Dispatcher installed as ``strategy.batch_to_device``; see the module docstring."""
+
+    def __init__(self, trainer: pl.Trainer) -> None:
+        self.trainer = trainer
+        self.strategy = trainer.strategy
+        # An instance attribute set by someone else before us must come back at removal.
+        self._previous_instance_attr = self.strategy.__dict__.get("batch_to_device")
+        self._original: Callable[..., Any] = self.strategy.batch_to_device
+        self.transforms: list[Any] = []
+
+    def __call__(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
+        batch = self._original(batch, device, dataloader_idx)
+        trainer = self.trainer
+        if trainer.training and not trainer.sanity_checking:
+            pl_module = trainer.lightning_module
+            for callback in self.transforms:
+                batch = callback.transform_batch(trainer, pl_module, batch)
+        return batch
+
+    def _order(self) -> None:
+        position = {id(cb): i for i, cb in enumerate(self.trainer.callbacks)}
+        self.transforms.sort(key=lambda cb: position.get(id(cb), len(position)))
+
+
+def install(trainer: pl.Trainer, callback: Any) -> BatchTransformSeam:
+    """Register ``callback.transform_batch`` for training batches of ``trainer``; idempotent."""
+    strategy = trainer.strategy
+    seam: BatchTransformSeam | None = getattr(strategy, _SEAM_ATTR, None)
+    if seam is None or seam.trainer is not trainer:
+        seam = BatchTransformSeam(trainer)
+        setattr(strategy, _SEAM_ATTR, seam)
+        strategy.batch_to_device = seam  # type: ignore[method-assign]
+    if not any(cb is callback for cb in seam.transforms):
+        seam.transforms.append(callback)
+        seam._order()
+    return seam
+
+
+def uninstall(trainer: pl.Trainer, callback: Any) -> None:
+    """Unregister ``callback``; the last one out restores the strategy's own ``batch_to_device``."""
+    strategy = trainer.strategy
+    seam: BatchTransformSeam | None = getattr(strategy, _SEAM_ATTR, None)
+    if seam is None:
+        return
+    seam.transforms = [cb for cb in seam.transforms if cb is not callback]
+    if seam.transforms:
+        return
+    if strategy.__dict__.get("batch_to_device") is seam:
+        if seam._previous_instance_attr is None:
+            del strategy.__dict__["batch_to_device"]
+        else:
+            strategy.batch_to_device = seam._previous_instance_attr  # type: ignore[method-assign]
+    delattr(strategy, _SEAM_ATTR)
+
+
+def active_transforms(trainer: pl.Trainer) -> list[Any]:
+    """The callbacks whose ``transform_batch`` currently runs on this trainer's training batches."""
+    seam = getattr(trainer.strategy, _SEAM_ATTR, None)
+    return list(seam.transforms) if seam is not None else []

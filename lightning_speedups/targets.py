@@ -1,0 +1,269 @@
+"""Targets: checks that soft targets will work, class-count inference, and the base of target transforms.
+
+MixUp, CutMix and LabelSmoothing turn class indices into class probabilities ``(N, C)``. Torch's cross entropy
+(``nn.CrossEntropyLoss`` and ``F.cross_entropy``) takes those unchanged, so a user's ``training_step`` keeps
+working. Some set-ups cannot take them, and we say so at fit start rather than crash mid-run:
+
+* ``nn.NLLLoss`` (and other losses that need integer labels);
+* ``nn.CrossEntropyLoss(ignore_index=k)`` with ``k >= 0``: torch refuses ``ignore_index`` with soft targets;
+* training metrics that need hard labels: use :func:`hard_labels` on the target, or keep the original
+  labels with ``hard_target_key=`` on a dict batch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_speedups import _checks
+from lightning_speedups.base import SpeedupCallback
+from lightning_speedups.batch import BatchFields, BatchGetter, BatchSetter, Key
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+
+def hard_labels(target: Tensor) -> Tensor:
+    """Class indices of a target: returned as is if already indices, else the most probable class.
+
+    Use it for training metrics when a callback turned the labels into probabilities::
+
+        self.train_acc(logits, hard_labels(y))
+    """
+    return target.argmax(dim=-1) if target.is_floating_point() else target
+
+
+def infer_num_classes(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int | None:
+    """``num_classes`` from the DataModule, the LightningModule or its ``hparams``; ``None`` if none says."""
+    candidates: list[Any] = [
+        getattr(trainer, "datamodule", None),
+        pl_module,
+        getattr(pl_module, "hparams", None),
+    ]
+    for obj in candidates:
+        if obj is None:
+            continue
+        value = obj.get("num_classes") if isinstance(obj, dict) else getattr(obj, "num_classes", None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            return value
+    return None
+
+
+def cross_entropy_modules(pl_module: nn.Module) -> list[nn.Module]:
+    """``nn.CrossEntropyLoss`` submodules, and timm-style ones (``smoothing`` + ``confidence`` attributes)."""
+    return [
+        m
+        for m in pl_module.modules()
+        if isinstance(m, nn.CrossEntropyLoss) or (hasattr(m, "smoothing") and hasattr(m, "confidence"))
+    ]
+
+
+def check_soft_target_losses(pl_module: nn.Module, who: str, *, smoothing_in_targets: bool) -> None:
+    """Raise if a loss module of ``pl_module`` cannot take probability targets (or would smooth them twice)."""
+    for name, m in pl_module.named_modules():
+        where = f"`{name}`" if name else "the LightningModule"
+        if isinstance(m, nn.NLLLoss):
+            raise ValueError(
+                f"{who} gives class probabilities as targets, but {where} is an `nn.NLLLoss`, which needs "
+                "class indices. Use `nn.CrossEntropyLoss` on logits (it takes probabilities), or pass "
+                "`check_loss=False` if this loss is not used in `training_step`."
+            )
+        if isinstance(m, nn.CrossEntropyLoss) and m.ignore_index >= 0:
+            raise ValueError(
+                f"{who} gives class probabilities as targets, but {where} has `ignore_index="
+                f"{m.ignore_index}`, which torch does not support with probability targets. Remove "
+                "`ignore_index`, or for label smoothing alone use `LabelSmoothing(method='loss')`, or pass "
+                "`check_loss=False` if this loss is not used in `training_step`."
+            )
+        if smoothing_in_targets and isinstance(m, nn.CrossEntropyLoss) and m.label_smoothing > 0:
+            raise ValueError(
+                f"{who} puts label smoothing in the targets, but {where} already has `label_smoothing="
+                f"{m.label_smoothing}`: targets would be smoothed twice. Set one of them only (e.g. "
+                "`LabelSmoothing(method='loss')` to let the loss smooth)."
+            )
+
+
+class TargetTransformCallback(SpeedupCallback):
+    """Base of callbacks that change a classification batch's targets (and maybe its inputs).
+
+    It holds what MixUp, CutMix and LabelSmoothing share: a probability ``p`` of acting on a batch, a
+    ``[start, end)`` window in training progress, the number of classes (given or inferred), where the
+    batch keeps its input and target, and the fit-start and first-batch checks.
+
+    Args:
+        p: chance of acting on each training batch, in [0, 1].
+        start: training progress (0 = first step, 1 = end) from which it acts.
+        end: training progress from which it stops acting.
+        num_classes: number of classes. ``None`` infers it from ``num_classes`` on the DataModule or the
+            LightningModule (or its ``hparams``), else from the width of probability targets.
+        input_key: where the batch keeps its input (see :class:`~lightning_speedups.BatchFields`).
+        target_key: where the batch keeps its target.
+        batch_getter: ``getter(batch) -> (input, target)`` for custom batches, with ``batch_setter``.
+        batch_setter: ``setter(batch, input, target) -> new batch``.
+        hard_target_key: for dict batches, also store the original targets under this key (for metrics).
+        check_loss: at fit start, refuse loss modules that cannot take probability targets.
+        seed: seed of the random draws (see :class:`~lightning_speedups.SpeedupCallback`).
+        log_knobs: log the callback's knobs through the trainer's loggers.
+    """
+
+    #: whether this callback's transform needs the inputs (MixUp, CutMix) or only the targets.
+    mixes_inputs: bool = True
+
+    def __init__(
+        self,
+        *,
+        p: float = 1.0,
+        start: float = 0.0,
+        end: float = 1.0,
+        num_classes: int | None = None,
+        input_key: Key | None = None,
+        target_key: Key | None = None,
+        batch_getter: BatchGetter | None = None,
+        batch_setter: BatchSetter | None = None,
+        hard_target_key: str | None = None,
+        check_loss: bool = True,
+        seed: int | None = None,
+        log_knobs: bool = True,
+    ) -> None:
+        super().__init__(seed=seed, log_knobs=log_knobs)
+        self.p = _checks.probability("p", p)
+        self.start, self.end = _checks.window(start, end)
+        self.num_classes = _checks.optional_int("num_classes", num_classes, minimum=2)
+        self.fields = BatchFields(input_key, target_key, batch_getter, batch_setter)
+        if hard_target_key is not None and not isinstance(hard_target_key, str):
+            raise TypeError(f"`hard_target_key` must be a str key of a dict batch, got {hard_target_key!r}.")
+        self.hard_target_key = hard_target_key
+        self.check_loss = bool(check_loss)
+        self._checked_first_batch = False
+        self._applied = 0.0
+
+    # ------------------------------------------------------------------ to implement
+    def apply(self, x: Tensor, target: Tensor, num_classes: int, trainer: pl.Trainer) -> tuple[Tensor, Tensor]:
+        """Return the new ``(input, target)`` for a batch this callback acts on."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ scheduling
+    def in_window(self, trainer: pl.Trainer) -> bool:
+        if self.start == 0.0 and self.end == 1.0:
+            return True
+        return self.start <= self.progress(trainer) < self.end
+
+    def draw_active(self, trainer: pl.Trainer) -> bool:
+        """In the window, and the per-batch coin with probability ``p`` came up."""
+        if self.p == 0.0 or not self.in_window(trainer):
+            return False
+        return self.p == 1.0 or bool(self.rng(trainer).random() < self.p)
+
+    # ------------------------------------------------------------------ Lightning hooks
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage != "fit":
+            return
+        if self.num_classes is None:
+            self.num_classes = infer_num_classes(trainer, pl_module)
+        if self.check_loss:
+            self.check_module(pl_module)
+        self._checked_first_batch = False
+
+    def check_module(self, pl_module: pl.LightningModule) -> None:
+        """Fit-start check of the module's losses; override to add technique-specific ones."""
+        check_soft_target_losses(pl_module, type(self).__name__, smoothing_in_targets=False)
+
+    def transform_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
+        if not self._checked_first_batch:
+            self._check_batch(batch)
+            self._checked_first_batch = True
+        if self.hard_target_key is not None:
+            batch = self._keep_hard_target(batch)
+        if not self.draw_active(trainer):
+            self._applied = 0.0
+            return batch
+        x, target = self.fields.get(batch)
+        num_classes = self.num_classes or target.shape[1]
+        new_x, new_target = self.apply(x, target, num_classes, trainer)
+        self._applied = 1.0
+        return self.fields.replace(batch, input=new_x if self.mixes_inputs else None, target=new_target)
+
+    def _keep_hard_target(self, batch: Any) -> Any:
+        if not isinstance(batch, dict):
+            raise TypeError(
+                f"`hard_target_key` needs a dict batch, got {type(batch).__name__}. Use "
+                "`lightning_speedups.hard_labels(y)` in `training_step` instead."
+            )
+        if self.hard_target_key in batch:
+            return batch
+        return {**batch, self.hard_target_key: self.fields.get_target(batch)}
+
+    # ------------------------------------------------------------------ first-batch checks
+    def _check_batch(self, batch: Any) -> None:
+        """Check the first training batch (values included, which costs one device sync, once)."""
+        who = type(self).__name__
+        x, target = self.fields.get(batch)
+        if target is None:
+            raise ValueError(
+                f"{who} found no target in the training batch ({type(batch).__name__}). Pass `target_key=`."
+            )
+        if self.mixes_inputs:
+            if not isinstance(x, Tensor):
+                raise TypeError(f"{who} needs a tensor input, got {type(x).__name__}. Fix `input_key=`.")
+            if not x.is_floating_point():
+                raise TypeError(
+                    f"{who} mixes inputs, which must be floating point; got dtype {x.dtype}. Convert them to "
+                    "float in the dataset's transform or in `on_after_batch_transfer`."
+                )
+            if x.ndim == 0 or x.shape[0] != (target.shape[0] if isinstance(target, Tensor) else -1):
+                raise ValueError(
+                    f"{who}: input of shape {tuple(x.shape)} and target of shape "
+                    f"{tuple(getattr(target, 'shape', ()))} do not share a batch dimension; check `input_key` "
+                    "and `target_key`."
+                )
+        if not isinstance(target, Tensor):
+            raise TypeError(f"{who} needs a tensor target, got {type(target).__name__}. Fix `target_key=`.")
+        if target.is_floating_point():
+            self._check_probabilities(target, who)
+        elif target.dtype in (torch.bool,) or target.is_complex() or target.ndim != 1:
+            raise ValueError(
+                f"{who} needs class indices (N,) of an integer dtype or class probabilities (N, C); got dtype "
+                f"{target.dtype}, shape {tuple(target.shape)}. Dense or multi-label integer targets are not "
+                "supported."
+            )
+        else:
+            self._check_indices(target, who)
+
+    def _check_indices(self, target: Tensor, who: str) -> None:
+        if self.num_classes is None:
+            raise ValueError(
+                f"{who} could not infer the number of classes: pass `num_classes=`, or set `num_classes` on "
+                "the LightningModule (or its hparams) or the DataModule."
+            )
+        if target.numel():
+            low, high = int(target.min()), int(target.max())
+            if low < 0 or high >= self.num_classes:
+                hint = " (negative labels usually mean `ignore_index`, which soft targets cannot keep)"
+                raise ValueError(
+                    f"{who}: class indices must lie in [0, {self.num_classes}), found values in [{low}, {high}]"
+                    f"{hint if low < 0 else ''}. Fix `num_classes` or the labels."
+                )
+
+    def _check_probabilities(self, target: Tensor, who: str) -> None:
+        if target.ndim != 2:
+            raise ValueError(
+                f"{who}: floating-point targets must be class probabilities of shape (N, C), got shape "
+                f"{tuple(target.shape)}. Regression or dense targets cannot be mixed or smoothed."
+            )
+        if self.num_classes is not None and target.shape[1] != self.num_classes:
+            raise ValueError(f"{who}: targets have {target.shape[1]} classes but `num_classes` is {self.num_classes}.")
+        t = target.detach().float()
+        if t.numel() and (bool((t < 0).any()) or bool((t > 1).any())):
+            raise ValueError(f"{who}: probability targets must lie in [0, 1]; these do not (logits?).")
+        if self.num_classes is None:
+            self.num_classes = int(target.shape[1])
+
+    # ------------------------------------------------------------------ knobs and state
+    def state_key_fields(self) -> dict[str, Any]:
+        return {"p": self.p, "start": self.start, "end": self.end}
+
+    def knobs(self) -> dict[str, float]:
+        return {"applied": self._applied}

@@ -1,0 +1,125 @@
+"""SpeedupCallback: progress, knob logging, warnings, state and state keys."""
+
+import warnings
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_speedups import MixUp, SpeedupCallback, SpeedupWarning, training_progress
+from tests.helpers import MemoryLogger, RecordingModule, loaders, trainer
+
+
+class ProgressProbe(SpeedupCallback):
+    log_name = "probe"
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple[int, float]] = []
+        self.calls = 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.seen.append((trainer.global_step, self.progress(trainer)))
+        self.calls += 1
+
+    def knobs(self):
+        return {"calls": self.calls}
+
+    def state_dict(self):
+        return {**super().state_dict(), "calls": self.calls}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.calls = state["calls"]
+
+
+@pytest.mark.parametrize(
+    ("trainer_kwargs", "total"),
+    [
+        ({"max_epochs": 2}, 8),  # 64 samples / 16 = 4 batches per epoch
+        ({"max_steps": 6, "max_epochs": -1}, 6),
+        ({"max_epochs": 3, "accumulate_grad_batches": 2}, 6),
+        ({"max_epochs": 2, "limit_train_batches": 2}, 4),
+    ],
+)
+def test_progress_is_the_fraction_of_optimizer_steps(trainer_kwargs, total):
+    probe = ProgressProbe()
+    trainer(callbacks=[probe], **trainer_kwargs).fit(RecordingModule(record=False), loaders()[0])
+    assert probe.seen, "no batch was seen"
+    for step, progress in probe.seen:
+        assert progress == pytest.approx(step / total)
+    assert probe.seen[0][1] == 0.0
+    assert probe.seen[-1][1] == pytest.approx((total - 1) / total)
+
+
+def test_progress_continues_after_resume(tmp_path):
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1)
+    first = ProgressProbe()
+    trainer(callbacks=[first, ckpt], max_epochs=2, enable_checkpointing=True).fit(
+        RecordingModule(record=False), loaders()[0]
+    )
+    resumed = ProgressProbe()
+    trainer(callbacks=[resumed], max_epochs=2).fit(
+        RecordingModule(record=False), loaders()[0], ckpt_path=str(tmp_path / "epoch=0-step=3.ckpt")
+    )
+    assert resumed.calls == 3 + len(resumed.seen)  # the state came back from the checkpoint
+    assert resumed.seen == first.seen[3:]
+
+
+def test_progress_needs_a_finite_run():
+    class T:
+        global_step = 3
+        estimated_stepping_batches = float("inf")
+
+    with pytest.raises(RuntimeError, match="max_steps"):
+        training_progress(T())
+    T.estimated_stepping_batches = 12
+    assert training_progress(T()) == 0.25
+
+
+def test_knobs_go_to_every_logger_at_the_logging_cadence():
+    loggers = [MemoryLogger(), MemoryLogger()]
+    probe = ProgressProbe()
+    trainer(callbacks=[probe], max_epochs=2, logger=loggers, log_every_n_steps=3).fit(
+        RecordingModule(record=False), loaders()[0]
+    )
+    for logger in loggers:
+        history = logger.history["probe/calls"]
+        # 8 steps, logged every 3rd: after steps 3 and 6
+        assert [step for step, _ in history] == [2, 5]
+        assert [value for _, value in history] == [3.0, 6.0]
+
+
+def test_warn_is_a_speedup_warning_from_rank_zero(monkeypatch):
+    from lightning.pytorch.utilities import rank_zero
+
+    probe = ProgressProbe()
+    with pytest.warns(SpeedupWarning, match="ProgressProbe: look"):
+        probe.warn("look")
+    monkeypatch.setattr(rank_zero.rank_zero_only, "rank", 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        probe.warn("quiet")
+    assert not caught
+
+
+def test_two_instances_with_different_windows_have_distinct_state_keys():
+    early, late = MixUp(end=0.5), MixUp(start=0.5)
+    assert early.state_key != late.state_key
+    trainer(callbacks=[early, late], max_steps=2).fit(RecordingModule(record=False), loaders()[0])
+
+
+def test_seed_is_resolved_at_fit_and_survives_state_dict():
+    torch.manual_seed(1234)
+    cb = MixUp(num_classes=4)
+    trainer(callbacks=[cb], max_steps=1).fit(RecordingModule(record=False), loaders()[0])
+    assert cb.seed == 1234
+    other = MixUp()
+    other.load_state_dict(cb.state_dict())
+    assert other.seed == 1234
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "a"])
+def test_bad_seed(seed):
+    with pytest.raises((ValueError, TypeError), match="seed"):
+        MixUp(seed=seed)

@@ -1,0 +1,117 @@
+"""Reading and replacing the input and target of every kind of batch container."""
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from lightning_speedups import BatchFieldError, BatchFields
+from tests.helpers import Pair, Sample
+
+X, Y = torch.zeros(2, 3), torch.tensor([0, 1])
+
+
+@dataclass(frozen=True)
+class FrozenSample:
+    image: torch.Tensor
+    label: torch.Tensor
+
+
+NEW_X, NEW_Y = torch.ones(2, 3), torch.tensor([[0.5, 0.5], [0.5, 0.5]])
+
+
+@pytest.mark.parametrize(
+    ("batch", "fields"),
+    [
+        ([X, Y], BatchFields()),
+        ((X, Y), BatchFields()),
+        ({"image": X, "label": Y, "meta": "m"}, BatchFields()),
+        (OrderedDict(x=X, y=Y), BatchFields()),
+        ({"pixels": X, "cls": Y}, BatchFields("pixels", "cls")),
+        ([Y, X], BatchFields(input_key=1, target_key=0)),
+        (Pair(X, Y), BatchFields()),
+        (Pair(X, Y), BatchFields("image", "label")),
+        (Sample(X, Y), BatchFields()),
+        (FrozenSample(X, Y), BatchFields()),
+    ],
+)
+def test_get_and_replace_keep_the_container_and_leave_the_original(batch, fields):
+    x, y = fields.get(batch)
+    assert x is X and y is Y
+    new = fields.replace(batch, input=NEW_X, target=NEW_Y)
+    assert type(new) is type(batch)
+    assert fields.get_input(new) is NEW_X and fields.get_target(new) is NEW_Y
+    assert fields.get_input(batch) is X  # the original batch is untouched
+    if isinstance(batch, dict):
+        assert set(new) == set(batch)
+
+
+def test_replace_only_the_target():
+    batch = {"image": X, "label": Y}
+    new = BatchFields().replace(batch, target=NEW_Y)
+    assert new["image"] is X and new["label"] is NEW_Y
+
+
+def test_custom_object_through_getter_and_setter():
+    class Custom:
+        def __init__(self, pixels, classes):
+            self.pixels, self.classes = pixels, classes
+
+    fields = BatchFields(getter=lambda b: (b.pixels, b.classes), setter=lambda b, x, y: Custom(x, y))
+    batch = Custom(X, Y)
+    new = fields.replace(batch, input=NEW_X)
+    assert new.pixels is NEW_X and new.classes is Y and batch.pixels is X
+
+
+def test_plain_object_attributes():
+    class Obj:
+        def __init__(self):
+            self.image, self.label = X, Y
+
+    new = BatchFields().replace(Obj(), input=NEW_X)
+    assert new.image is NEW_X
+
+
+def test_missing_key_error_names_the_key_and_what_exists():
+    with pytest.raises(BatchFieldError, match=r"no input at 'img'.*\['image', 'label'\].*input_key"):
+        BatchFields(input_key="img").get_input({"image": X, "label": Y})
+    with pytest.raises(BatchFieldError, match="Pass `input_key=`"):
+        BatchFields().get_input({"a": X, "b": Y})
+    with pytest.raises(BatchFieldError, match="no target at 5"):
+        BatchFields(target_key=5).get_target([X, Y])
+
+
+def test_frozen_custom_object_without_setter_is_a_clear_error():
+    class Frozen:
+        __slots__ = ("image", "label")
+
+        def __init__(self):
+            object.__setattr__(self, "image", X)
+            object.__setattr__(self, "label", Y)
+
+        def __setattr__(self, k, v):
+            raise AttributeError("frozen")
+
+    fields = BatchFields("image", "label")
+    with pytest.raises(BatchFieldError, match="getter`/`setter"):
+        fields.replace(Frozen(), input=NEW_X)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"getter": lambda b: b}, "go together"),
+        ({"input_key": 0, "getter": lambda b: b, "setter": lambda b, x, y: b}, "not both"),
+        ({"input_key": 1.5}, "int index or a str key"),
+        ({"input_key": "x", "target_key": "x"}, "must differ"),
+    ],
+)
+def test_bad_arguments(kwargs, error):
+    with pytest.raises((ValueError, TypeError), match=error):
+        BatchFields(**kwargs)
+
+
+def test_batch_without_target_gives_none():
+    assert BatchFields().get_target([X]) is None
+    assert BatchFields().get_target({"image": X}) is None

@@ -1,0 +1,147 @@
+"""SpeedupDataModule: loader defaults, the seeded per-epoch shuffle, resumable loaders, sampler providers."""
+
+import functools
+import operator
+
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch.utils.data import DistributedSampler, TensorDataset
+
+from lightning_speedups import SpeedupDataModule
+from lightning_speedups.data import EpochShuffleSampler, ResumableDataLoader, default_num_workers
+from tests.helpers import ImagesDataModule, IndexedImages, RecordingModule, trainer
+
+
+class IndexedDM(SpeedupDataModule):
+    def __init__(self, n=40, **kwargs):
+        super().__init__(**kwargs)
+        self.n = n
+
+    def setup(self, stage):
+        self.train_dataset = TensorDataset(torch.arange(self.n).float().unsqueeze(1), torch.arange(self.n) % 4)
+
+
+def test_loader_defaults():
+    dm = ImagesDataModule()
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert isinstance(loader, ResumableDataLoader) and isinstance(loader.sampler, DistributedSampler)
+    assert loader.num_workers == 0  # in-memory tensors: workers would only add copies
+    assert loader.pin_memory is False  # no trainer on CUDA
+    assert default_num_workers(IndexedImages(), processes_per_node=1) >= 0
+    dm = ImagesDataModule(num_workers=2)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert loader.num_workers == 2 and loader.persistent_workers is True
+    dm = ImagesDataModule(num_workers=2, persistent_workers=False)
+    dm.setup("fit")
+    assert dm.train_dataloader().persistent_workers is False
+
+
+def test_default_workers_follow_the_cpu_count(monkeypatch):
+    import lightning_speedups.data as data
+
+    monkeypatch.setattr(data, "available_cpus", lambda: 16)
+    assert default_num_workers(IndexedImages(), processes_per_node=1) == 8
+    assert default_num_workers(IndexedImages(), processes_per_node=4) == 3
+    monkeypatch.setattr(data, "available_cpus", lambda: 1)
+    assert default_num_workers(IndexedImages(), processes_per_node=1) == 0
+
+
+def test_seeded_shuffle_per_epoch_and_shards():
+    ds = list(range(30))
+    e0 = list(EpochShuffleSampler(ds, epoch=0, num_replicas=1, rank=0, seed=5))
+    e1 = list(EpochShuffleSampler(ds, epoch=1, num_replicas=1, rank=0, seed=5))
+    assert sorted(e0) == ds and e0 != e1
+    assert e0 == list(EpochShuffleSampler(ds, epoch=0, num_replicas=1, rank=0, seed=5))
+    shards = [list(EpochShuffleSampler(ds, epoch=3, num_replicas=3, rank=r, seed=5)) for r in range(3)]
+    assert all(len(s) == 10 for s in shards) and sorted(functools.reduce(operator.iadd, shards, [])) == ds
+    s = EpochShuffleSampler(ds, epoch=0, num_replicas=1, rank=0, seed=5)
+    s.skip_next(7)
+    assert list(s) == e0[7:] and list(s) == e0  # skipping applies to one pass only
+
+
+class IndexModule(RecordingModule):
+    """Records the sample indices of each training batch of an IndexedDM."""
+
+    def __init__(self):
+        super().__init__(record=False)
+        self.seen = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append(batch[0].flatten().long().tolist())
+        return self.net.fc.weight.sum() * 0
+
+
+def test_fit_sees_each_sample_once_per_epoch_in_a_new_order():
+    model = IndexModule()
+    trainer(max_epochs=2).fit(model, datamodule=IndexedDM(batch_size=8))
+    epoch0, epoch1 = (
+        functools.reduce(operator.iadd, model.seen[:5], []),
+        functools.reduce(operator.iadd, model.seen[5:], []),
+    )
+    assert sorted(epoch0) == sorted(epoch1) == list(range(40))
+    assert epoch0 != epoch1
+
+
+def test_workers_and_persistent_workers_in_a_fit():
+    class DM(SpeedupDataModule):
+        def setup(self, stage):
+            self.train_dataset = IndexedImages(32)
+
+    model = RecordingModule()
+    trainer(max_epochs=2).fit(model, datamodule=DM(batch_size=8, num_workers=1))
+    assert len(model.train_batches) == 8
+
+
+class Provider(Callback):
+    def __init__(self):
+        self.calls = []
+
+    def make_train_sampler(self, datamodule, dataset, *, epoch, num_replicas, rank, seed):
+        self.calls.append((epoch, num_replicas, rank))
+        return EpochShuffleSampler(dataset, epoch=epoch, num_replicas=num_replicas, rank=rank, shuffle=False)
+
+
+def test_sampler_providers_plug_in():
+    provider = Provider()
+    model = IndexModule()
+    trainer(max_epochs=2, callbacks=[provider], reload_dataloaders_every_n_epochs=1).fit(
+        model, datamodule=IndexedDM(batch_size=8)
+    )
+    assert provider.calls == [(0, 1, 0), (1, 1, 0)]
+    assert functools.reduce(operator.iadd, model.seen[:5], []) == list(
+        range(40)
+    )  # the provider's (unshuffled) order was used
+    with pytest.raises(ValueError, match="Several callbacks supply the training sampler"):
+        trainer(max_epochs=1, callbacks=[Provider(), Provider()]).fit(IndexModule(), datamodule=IndexedDM())
+
+
+def test_metadata_defaults():
+    dm = IndexedDM()
+    dm.setup("fit")
+    np.testing.assert_array_equal(dm.sample_labels(), np.arange(40) % 4)
+    assert dm.sample_difficulty() is None
+    dm.train_labels = [[0, 1]] * 40
+    dm.train_difficulty = np.linspace(0, 1, 40)
+    assert dm.sample_labels()[0] == [0, 1] and dm.sample_difficulty()[-1] == 1.0
+
+    class WithTargets(SpeedupDataModule):
+        def setup(self, stage):
+            self.train_dataset = IndexedImages(8)
+            self.train_dataset.targets = [3] * 8
+
+    dm = WithTargets()
+    dm.setup("fit")
+    assert dm.sample_labels() == [3] * 8
+
+
+def test_missing_dataset_and_bad_arguments():
+    with pytest.raises(RuntimeError, match=r"set `self\.train_dataset`"):
+        SpeedupDataModule().train_dataloader()
+    with pytest.raises(ValueError, match="`batch_size` must be >= 1"):
+        SpeedupDataModule(batch_size=0)
+    with pytest.raises(ValueError, match="`num_workers` must be >= 0"):
+        SpeedupDataModule(num_workers=-1)

@@ -1,0 +1,166 @@
+"""The math of MixUp, CutMix and label smoothing against hand computation."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lightning_speedups.functional import (
+    as_probabilities,
+    box_lambda,
+    cut_and_paste,
+    cutmix_batch,
+    cutmix_box,
+    mix,
+    mixup_batch,
+    sample_lambda,
+    smooth_labels,
+)
+
+
+def test_mix_equals_convex_combination_by_hand():
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    y = torch.tensor([0, 2, 1])
+    perm = torch.tensor([2, 0, 1])
+    mx, my = mix(x, y, 0.25, perm, num_classes=3)
+    # sample 0 mixes with sample 2: 0.25*[1,2] + 0.75*[5,6] = [4, 5]
+    assert torch.allclose(mx[0], torch.tensor([4.0, 5.0]))
+    # its target: 0.25*onehot(0) + 0.75*onehot(1)
+    assert torch.allclose(my[0], torch.tensor([0.25, 0.75, 0.0]))
+    assert torch.allclose(mx[1], torch.tensor([0.25 * 3 + 0.75 * 1, 0.25 * 4 + 0.75 * 2]))
+    assert torch.allclose(my[1], torch.tensor([0.75, 0.0, 0.25]))
+
+
+def test_mixup_batch_matches_drawn_lambda_and_partner():
+    x, y = torch.randn(8, 3, 4, 4), torch.randint(0, 5, (8,))
+    mx, my, lam, perm = mixup_batch(x, y, alpha=0.4, num_classes=5, generator=3)
+    onehot = F.one_hot(y, 5).float()
+    assert 0.0 <= lam <= 1.0
+    assert sorted(perm.tolist()) == list(range(8))
+    assert torch.allclose(mx, lam * x + (1 - lam) * x[perm], atol=1e-6)
+    assert torch.allclose(my, lam * onehot + (1 - lam) * onehot[perm], atol=1e-6)
+    assert torch.allclose(my.sum(1), torch.ones(8))
+
+
+def test_mixup_is_reproducible_from_its_generator_and_does_not_mutate():
+    x, y = torch.randn(6, 2), torch.randint(0, 3, (6,))
+    x0 = x.clone()
+    a = mixup_batch(x, y, num_classes=3, generator=np.random.default_rng(7))
+    b = mixup_batch(x, y, num_classes=3, generator=np.random.default_rng(7))
+    assert torch.equal(a[0], b[0]) and a[2] == b[2]
+    assert torch.equal(x, x0)
+
+
+def test_mixed_soft_target_loss_equals_weighted_hard_losses():
+    logits = torch.randn(5, 4)
+    y = torch.tensor([0, 1, 2, 3, 0])
+    perm = torch.tensor([1, 2, 3, 4, 0])
+    lam = 0.3
+    _, my = mix(torch.zeros(5, 1), y, lam, perm, num_classes=4)
+    expected = lam * F.cross_entropy(logits, y) + (1 - lam) * F.cross_entropy(logits, y[perm])
+    assert torch.allclose(F.cross_entropy(logits, my), expected, atol=1e-6)
+
+
+def test_sample_lambda_follows_beta():
+    rng = np.random.default_rng(0)
+    draws = np.array([sample_lambda(0.2, rng) for _ in range(4000)])
+    # Beta(0.2, 0.2): mean 0.5, variance ab/((a+b)^2 (a+b+1)) = 0.04/(0.16*1.4) = 0.1786
+    assert abs(draws.mean() - 0.5) < 0.03
+    assert abs(draws.var() - 0.04 / (0.16 * 1.4)) < 0.02
+
+
+def test_cutmix_lambda_is_the_kept_area_share():
+    x = torch.zeros(2, 1, 10, 10)
+    x[1] = 1.0
+    y = torch.tensor([0, 1])
+    box = (slice(2, 6), slice(3, 8))  # 4 x 5 = 20 of 100 pixels
+    out, target, lam = cut_and_paste(x, y, box, torch.tensor([1, 0]), num_classes=2)
+    assert lam == pytest.approx(0.8)
+    assert out[0].sum().item() == 20.0  # the partner's ones were pasted in the box only
+    assert out[0, 0, 2:6, 3:8].eq(1).all() and out[1, 0, 2:6, 3:8].eq(0).all()
+    assert torch.allclose(target[0], torch.tensor([0.8, 0.2]))
+    assert torch.allclose(target[1], torch.tensor([0.2, 0.8]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    h=st.integers(1, 40),
+    w=st.integers(1, 40),
+    lam=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**31),
+)
+def test_cutmix_box_area_and_lambda(h, w, lam, seed):
+    box = cutmix_box((h, w), lam, seed)
+    for s, size in zip(box, (h, w), strict=True):
+        assert 0 <= s.start <= s.stop <= size
+    kept = box_lambda((h, w), box)
+    # Clipping only shrinks the box, so the kept share is at least the requested one (up to rounding).
+    cut = [round(size * math.sqrt(1 - lam)) for size in (h, w)]
+    assert kept >= 1 - (cut[0] * cut[1]) / (h * w) - 1e-9
+    x = torch.arange(2 * h * w, dtype=torch.float32).reshape(2, 1, h, w)
+    out, _, got = cut_and_paste(x, torch.tensor([0, 1]), box, torch.tensor([1, 0]), num_classes=2)
+    changed = (out[0] != x[0]).float().mean().item()
+    assert got == pytest.approx(kept)
+    assert changed == pytest.approx(1 - kept)
+
+
+def test_cutmix_batch_one_and_three_spatial_dims():
+    seq = torch.randn(4, 2, 50)
+    out, tgt, lam, perm = cutmix_batch(seq, torch.tensor([0, 1, 2, 3]), num_classes=4, generator=1)
+    assert out.shape == seq.shape
+    onehot = torch.eye(4)
+    assert torch.allclose(tgt, lam * onehot + (1 - lam) * onehot[perm])
+    vol = torch.randn(2, 1, 6, 6, 6)
+    out, _, lam, _ = cutmix_batch(vol, torch.tensor([0, 1]), num_classes=2, generator=2)
+    assert out.shape == vol.shape and 0.0 <= lam <= 1.0
+
+
+def test_smoothed_targets_sum_to_one_and_match_torch_label_smoothing():
+    logits = torch.randn(7, 5)
+    y = torch.randint(0, 5, (7,))
+    soft = smooth_labels(y, 0.1, num_classes=5)
+    assert torch.allclose(soft.sum(1), torch.ones(7))
+    # by hand: 1 - eps + eps/C on the true class, eps/C elsewhere
+    assert torch.allclose(soft[torch.arange(7), y], torch.full((7,), 0.9 + 0.02))
+    assert torch.allclose(F.cross_entropy(logits, soft), F.cross_entropy(logits, y, label_smoothing=0.1))
+
+
+def test_smoothing_commutes_with_mixing():
+    y = torch.tensor([0, 1, 2, 1])
+    perm = torch.tensor([3, 2, 1, 0])
+    x = torch.zeros(4, 1)
+    _, mixed_then_smoothed = mix(x, y, 0.3, perm, num_classes=3)
+    mixed_then_smoothed = smooth_labels(mixed_then_smoothed, 0.1)
+    _, smoothed_then_mixed = mix(x, smooth_labels(y, 0.1, num_classes=3), 0.3, perm)
+    assert torch.allclose(mixed_then_smoothed, smoothed_then_mixed)
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        (torch.zeros(4, 3, dtype=torch.long), "class indices of shape"),
+        (torch.zeros(4), "class probabilities"),
+        (torch.zeros(4, 3, 2), "class probabilities"),
+    ],
+)
+def test_as_probabilities_rejects_other_targets(target, message):
+    with pytest.raises(ValueError, match=message):
+        as_probabilities(target, num_classes=3)
+
+
+def test_integer_inputs_are_refused():
+    with pytest.raises(TypeError, match="floating-point inputs"):
+        mix(torch.zeros(2, 3, dtype=torch.uint8), torch.tensor([0, 1]), 0.5, torch.tensor([1, 0]), 2)
+
+
+def test_cutmix_needs_spatial_dims_and_bad_alpha():
+    with pytest.raises(ValueError, match=r"\(N, C, \*spatial\)"):
+        cutmix_batch(torch.zeros(4, 10), torch.arange(4), num_classes=4)
+    with pytest.raises(ValueError, match="alpha"):
+        sample_lambda(0.0)
+    with pytest.raises(ValueError, match="smoothing"):
+        smooth_labels(torch.arange(3), 1.0, num_classes=3)

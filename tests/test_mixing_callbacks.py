@@ -1,0 +1,297 @@
+"""MixUp, CutMix and LabelSmoothing in real `Trainer.fit` runs on CPU, and their errors."""
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_speedups import CutMix, LabelSmoothing, MixUp, hard_labels
+from tests.helpers import NUM_CLASSES, RecordingModule, image_tensors, loaders, trainer, unpack
+
+C = NUM_CLASSES
+
+
+def originals(kind: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    train, _ = loaders(kind)
+    return [unpack(b) for b in train]
+
+
+def recover_mix(x0, y0, x, y):
+    """Find the batch's lam and each sample's partner from the targets; assert the inputs agree."""
+    onehot = F.one_hot(y0, C).float()
+    own = y[torch.arange(len(y0)), y0]
+    weights = own[own < 1 - 1e-6]
+    assert weights.numel(), "no sample was mixed with a partner of another class"
+    lam = weights[0].item()
+    assert torch.allclose(weights, torch.full_like(weights, lam), atol=1e-5), "one lam per batch"
+    partners = []
+    for j in range(len(y0)):
+        matches = [
+            k
+            for k in range(len(y0))
+            if torch.allclose(y[j], lam * onehot[j] + (1 - lam) * onehot[k], atol=1e-5)
+            and torch.allclose(x[j], lam * x0[j] + (1 - lam) * x0[k], atol=1e-5)
+        ]
+        assert matches, f"sample {j} is not lam*x + (1-lam)*x[k] for any partner k"
+        partners.append(matches)
+    # the partners can be chosen as a permutation (each sample is someone's partner once)
+    assert len({m[0] for m in partners if len(m) == 1}) == sum(len(m) == 1 for m in partners)
+    return lam
+
+
+@pytest.mark.parametrize("kind", ["list", "tuple", "dict"])
+def test_mixup_fit_mixes_inputs_and_targets_alike(kind):
+    model = RecordingModule()
+    t = trainer(callbacks=[MixUp(alpha=1.0, seed=0)], max_epochs=1)
+    t.fit(model, *loaders(kind))
+    assert len(model.train_batches) == 4
+    lams = []
+    for (x, y), (x0, y0) in zip(model.train_batches, originals(kind), strict=True):
+        assert y.dtype == torch.float32 and y.shape == (16, C)
+        assert torch.allclose(y.sum(1), torch.ones(16))
+        lams.append(recover_mix(x0, y0, x, y))
+    assert len(set(round(v, 6) for v in lams)) > 1  # a new lam per batch
+    for _xv, yv in model.val_batches:
+        assert not yv.is_floating_point()  # validation keeps its labels
+
+
+@pytest.mark.parametrize("kind", ["list", "tuple", "dict"])
+def test_cutmix_fit_pastes_boxes_and_weights_targets_by_area(kind):
+    model = RecordingModule(size=8)
+    t = trainer(callbacks=[CutMix(alpha=1.0, seed=1)], max_epochs=1)
+    t.fit(model, *loaders(kind))
+    checked = 0
+    for (x, y), (x0, y0) in zip(model.train_batches, originals(kind), strict=True):
+        changed = (x != x0).any(dim=0).any(dim=0)  # (H, W): pixels changed in some sample
+        rows, cols = torch.nonzero(changed, as_tuple=True)
+        if rows.numel() == 0:
+            continue  # an empty box or identical partners
+        checked += 1
+        box_area = (rows.max() - rows.min() + 1) * (cols.max() - cols.min() + 1)
+        assert box_area.item() == changed.sum().item()  # the changed pixels form one rectangle
+        lam = 1 - box_area.item() / 64
+        onehot = F.one_hot(y0, C).float()
+        for j in range(16):
+            if y0[j] == y[j].argmax() and y[j].max() == 1.0:
+                continue  # partner of the same class
+            assert y[j, y0[j]].item() == pytest.approx(lam, abs=1e-6)
+            assert torch.allclose(y[j].sum(), torch.tensor(1.0))
+        assert not torch.equal(y, onehot)
+    assert checked >= 2
+
+
+@pytest.mark.parametrize("kind", ["list", "tuple", "dict"])
+def test_label_smoothing_target_mode(kind):
+    model = RecordingModule()
+    trainer(callbacks=[LabelSmoothing(0.2)], max_epochs=1).fit(model, *loaders(kind))
+    for (x, y), (x0, y0) in zip(model.train_batches, originals(kind), strict=True):
+        assert torch.equal(x, x0)
+        assert torch.allclose(y, 0.8 * F.one_hot(y0, C) + 0.2 / C)
+
+
+class CriterionProbe(RecordingModule):
+    """Records the criterion's label_smoothing inside training and validation steps."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(use_criterion=True, **kwargs)
+        self.train_eps: list[float] = []
+        self.val_eps: list[float] = []
+        self.loss_check: list[tuple[float, float]] = []
+
+    def training_step(self, batch, batch_idx):
+        self.train_eps.append(self.criterion.label_smoothing)
+        loss = super().training_step(batch, batch_idx)
+        x, y = unpack(batch)
+        with torch.no_grad():
+            logits = self(x)
+            eps = self.criterion.label_smoothing
+            soft = y if y.is_floating_point() else F.one_hot(y, C).float()
+            by_hand = -(((1 - eps) * soft + eps / C) * F.log_softmax(logits, 1)).sum(1).mean()
+            self.loss_check.append((float(self.criterion(logits, y)), float(by_hand)))
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.val_eps.append(self.criterion.label_smoothing)
+        return super().validation_step(batch, batch_idx)
+
+
+def test_label_smoothing_loss_mode_sets_and_restores_the_criterion():
+    model = CriterionProbe()
+    t = trainer(callbacks=[LabelSmoothing(0.1, method="loss")], max_epochs=2, num_sanity_val_steps=1)
+    t.fit(model, *loaders("list"))
+    assert model.train_eps == [0.1] * 8
+    assert model.val_eps and set(model.val_eps) == {0.0}
+    assert model.criterion.label_smoothing == 0.0
+    assert all(not y.is_floating_point() for _, y in model.train_batches)  # hard labels kept
+    for got, by_hand in model.loss_check:
+        assert got == pytest.approx(by_hand, rel=1e-5)
+
+
+def test_mixup_with_label_smoothing_smooths_once_in_either_order_and_mode():
+    for callbacks in (
+        [MixUp(alpha=1.0, seed=3), LabelSmoothing(0.1)],
+        [LabelSmoothing(0.1), MixUp(alpha=1.0, seed=3)],
+    ):
+        model = RecordingModule()
+        trainer(callbacks=callbacks, max_epochs=1).fit(model, *loaders("list"))
+        for (x, y), (x0, y0) in zip(model.train_batches, originals("list"), strict=True):
+            unsmoothed = (y - 0.1 / C) / 0.9  # undo one smoothing: must be a valid mixed target
+            assert torch.allclose(unsmoothed.sum(1), torch.ones(16), atol=1e-5)
+            assert unsmoothed.min() > -1e-5
+            recover_mix(x0, y0, x, unsmoothed)
+    # loss mode: the criterion smooths the mixed targets, once, as the hand computation says
+    model = CriterionProbe()
+    trainer(callbacks=[MixUp(alpha=1.0), LabelSmoothing(0.1, method="loss")], max_epochs=1).fit(model, *loaders("list"))
+    assert model.train_eps == [0.1] * 4
+    for _, y in model.train_batches:
+        assert y.is_floating_point() and y.min() >= 0 and torch.allclose(y.sum(1), torch.ones(16))
+    for got, by_hand in model.loss_check:
+        assert got == pytest.approx(by_hand, rel=1e-5)
+
+
+def test_probability_and_window():
+    model = RecordingModule()
+    trainer(callbacks=[MixUp(p=0.0)], max_epochs=1).fit(model, *loaders("list"))
+    assert all(not y.is_floating_point() for _, y in model.train_batches)
+
+    model = RecordingModule()
+    trainer(callbacks=[MixUp(start=0.5)], max_epochs=2).fit(model, *loaders("list"))
+    mixed = [y.is_floating_point() for _, y in model.train_batches]
+    assert mixed == [False] * 4 + [True] * 4
+
+    model = RecordingModule()
+    trainer(callbacks=[LabelSmoothing(p=0.5, seed=0)], max_epochs=4).fit(model, *loaders("list"))
+    smoothed = [y.is_floating_point() for _, y in model.train_batches]
+    assert 0 < sum(smoothed) < len(smoothed)
+
+
+def test_hard_labels_for_training_metrics():
+    model = RecordingModule()
+    train, val = loaders("dict")
+    trainer(callbacks=[MixUp(alpha=0.2, hard_target_key="label_hard")], max_steps=1).fit(model, train, val)
+    batch = next(iter(train))
+    y = model.train_batches[0][1]
+    assert hard_labels(batch["label"]) is batch["label"]
+    assert hard_labels(y).shape == (16,)
+
+
+def test_hard_target_key_keeps_the_original_labels():
+    seen = []
+
+    class KeepsHard(RecordingModule):
+        def training_step(self, batch, batch_idx):
+            seen.append(batch["label_hard"].clone())
+            return super().training_step(batch, batch_idx)
+
+    train, val = loaders("dict")
+    trainer(callbacks=[MixUp(hard_target_key="label_hard")], max_epochs=1).fit(KeepsHard(), train, val)
+    assert [s.tolist() for s in seen] == [b["label"].tolist() for b in train]
+
+
+# ---------------------------------------------------------------------------------------------- errors
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        (lambda: MixUp(alpha=0), "`alpha` must be > 0"),
+        (lambda: MixUp(alpha=-1.0), "`alpha` must be > 0"),
+        (lambda: CutMix(alpha=0.0), "`alpha` must be > 0"),
+        (lambda: LabelSmoothing(smoothing=1.0), r"`smoothing` must be in \[0, 1\)"),
+        (lambda: LabelSmoothing(smoothing=-0.1), r"`smoothing` must be in \[0, 1\)"),
+        (lambda: MixUp(p=1.5), r"`p` must be in \[0, 1\]"),
+        (lambda: CutMix(p=-0.1), r"`p` must be in \[0, 1\]"),
+        (lambda: MixUp(start=0.6, end=0.4), "`end`"),
+        (lambda: MixUp(num_classes=1), "`num_classes` must be >= 2"),
+        (lambda: LabelSmoothing(method="logits"), "`method` must be one of"),
+        (lambda: MixUp(alpha="big"), "`alpha` must be a finite number"),
+    ],
+)
+def test_bad_arguments_fail_at_construction(factory, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        factory()
+
+
+def fit_expecting(callbacks, message, model=None, train=None, error=(ValueError, TypeError)):
+    model = model or RecordingModule()
+    before = [p.detach().clone() for p in model.parameters()]
+    train = train or loaders("list")[0]
+    with pytest.raises(error, match=message):
+        trainer(callbacks=callbacks, max_epochs=1).fit(model, train)
+    # raised before any optimizer step: nothing was lost
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_integer_inputs_to_mix():
+    x, y = image_tensors(32)
+    train = DataLoader(TensorDataset((x * 50).to(torch.uint8), y), batch_size=16)
+    for cb in (MixUp(), CutMix()):
+        fit_expecting([cb], "must be floating point; got dtype torch.uint8", train=train)
+
+
+def test_targets_neither_indices_nor_probabilities():
+    x, _ = image_tensors(32)
+    regression = DataLoader(TensorDataset(x, torch.randn(32)), batch_size=16)
+    fit_expecting([MixUp()], r"class probabilities of shape \(N, C\), got shape \(16,\)", train=regression)
+    logits = DataLoader(TensorDataset(x, torch.randn(32, C) * 5), batch_size=16)
+    fit_expecting([LabelSmoothing()], r"must lie in \[0, 1\]", train=logits)
+    ignored = DataLoader(TensorDataset(x, torch.full((32,), -100)), batch_size=16)
+    fit_expecting([MixUp()], "ignore_index", train=ignored)
+
+
+def test_batch_without_the_named_key():
+    fit_expecting([MixUp(input_key="pixels")], r"no input at 'pixels'.*input_key", train=loaders("dict")[0])
+    fit_expecting([CutMix(target_key="y")], r"no target at 'y'", train=loaders("dict")[0])
+
+
+def test_flat_features_for_cutmix():
+    train = DataLoader(TensorDataset(torch.randn(32, 10), torch.arange(32) % C), batch_size=16)
+
+    class Flat(RecordingModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(10, C)
+
+    fit_expecting([CutMix()], r"\(N, C, \*spatial\)", model=Flat(), train=train)
+
+
+def test_unknown_number_of_classes():
+    fit_expecting([MixUp()], "could not infer the number of classes", model=RecordingModule(num_classes=None))
+
+
+class WithLoss(RecordingModule):
+    def __init__(self, loss: nn.Module):
+        super().__init__()
+        self.criterion = loss
+
+
+@pytest.mark.parametrize(
+    ("callback", "loss", "message"),
+    [
+        (MixUp(), nn.NLLLoss(), "NLLLoss"),
+        (CutMix(), nn.CrossEntropyLoss(ignore_index=0), "ignore_index=0"),
+        (LabelSmoothing(), nn.CrossEntropyLoss(ignore_index=255), "method='loss'"),
+        (LabelSmoothing(), nn.CrossEntropyLoss(label_smoothing=0.1), "smoothed twice"),
+        (LabelSmoothing(method="loss"), nn.CrossEntropyLoss(label_smoothing=0.1), "not both"),
+    ],
+)
+def test_losses_that_cannot_take_the_targets_fail_at_fit_start(callback, loss, message):
+    fit_expecting([callback], message, model=WithLoss(loss))
+
+
+def test_loss_mode_needs_a_criterion_and_check_loss_opt_out():
+    fit_expecting([LabelSmoothing(method="loss")], "found no `nn.CrossEntropyLoss`")
+    # an NLLLoss used only for validation: the user opts out of the check and training works
+    model = WithLoss(nn.NLLLoss())
+    model.criterion = None
+    model.val_criterion = nn.NLLLoss()
+    trainer(callbacks=[MixUp(check_loss=False)], max_steps=1).fit(model, loaders()[0])
+    assert model.train_batches[0][1].is_floating_point()
+
+
+def test_user_smoothing_in_the_loss_with_mixup_is_fine():
+    model = CriterionProbe()
+    model.criterion = nn.CrossEntropyLoss(label_smoothing=0.1)
+    trainer(callbacks=[MixUp()], max_steps=2).fit(model, loaders()[0])
+    assert model.train_eps == [0.1, 0.1]

@@ -1,0 +1,125 @@
+"""The batch-transform seam: where, when, in which order and for which batches callbacks act."""
+
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from lightning_speedups import BatchFields, SpeedupCallback
+from lightning_speedups.seam import active_transforms
+from tests.helpers import ImagesDataModule, RecordingModule, loaders, trainer, unpack
+
+
+class AddToInput(SpeedupCallback):
+    """Adds ``value`` to the input and appends its name to a shared log."""
+
+    def __init__(self, value: float, log: list) -> None:
+        super().__init__()
+        self.value, self.calls, self.fields = value, log, BatchFields()
+
+    def state_key_fields(self):
+        return {"value": self.value}
+
+    def transform_batch(self, trainer, pl_module, batch):
+        self.calls.append((self.value, len(active_transforms(trainer))))
+        x = self.fields.get_input(batch)
+        return self.fields.replace(batch, input=x + self.value)
+
+
+class MarkingModule(RecordingModule):
+    """Defines on_after_batch_transfer: multiplies inputs by 10 (must run before our transforms)."""
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        x, y = unpack(batch)
+        return [x * 10, y] if isinstance(batch, list) else batch
+
+
+@pytest.mark.parametrize("kind", ["list", "tuple", "dict", "namedtuple", "dataclass"])
+def test_training_batches_replaced_in_callback_order_validation_untouched(kind):
+    log: list = []
+    model = RecordingModule()
+    train, val = loaders(kind, n=32)
+    t = trainer(callbacks=[AddToInput(1.0, log), AddToInput(100.0, log)], num_sanity_val_steps=1)
+    strategy = t.strategy
+    t.fit(model, train, val)
+    # order: trainer.callbacks order, both via one seam
+    assert [v for v, _ in log[:2]] == [1.0, 100.0] and all(n == 2 for _, n in log)
+    assert len(log) == 2 * len(model.train_batches) == 4
+    expected = [unpack(b)[0] + 101.0 for b in train]
+    for (seen, _), want in zip(model.train_batches, expected, strict=True):
+        assert torch.allclose(seen, want)
+    # sanity check + validation epoch: untouched
+    val_inputs = [unpack(b)[0] for b in val]
+    assert len(model.val_batches) == 1 + len(val_inputs)
+    for seen, _ in model.val_batches:
+        assert any(torch.equal(seen, v) for v in val_inputs)
+    # removed at teardown: the strategy is back to its class method
+    assert "batch_to_device" not in vars(strategy)
+    assert not hasattr(strategy, "_lightning_speedups_seam")
+
+
+def test_runs_after_model_and_datamodule_transfer_hooks():
+    log: list = []
+    model = MarkingModule()
+    t = trainer(callbacks=[AddToInput(1.0, log)], max_steps=2)
+    train, val = loaders("list", n=32)
+    t.fit(model, train, val)
+    first = next(iter(train))[0]
+    assert torch.allclose(model.train_batches[0][0], first * 10 + 1)  # hook first, then ours
+
+    class DM(ImagesDataModule):
+        def on_after_batch_transfer(self, batch, dataloader_idx):
+            return [batch[0] - 5, batch[1]]
+
+    model = MarkingModule()  # the DataModule's hook wins over the model's, as Lightning decides
+    dm = DM(n=32, shuffle=False)
+    t = trainer(callbacks=[AddToInput(1.0, log)], max_steps=1)
+    t.fit(model, datamodule=dm)
+    dm.setup("fit")
+    raw = dm.train_dataset.tensors[0][:16]
+    assert torch.allclose(model.train_batches[0][0], raw - 5 + 1)
+
+
+def test_with_the_mixin_and_validate_test_predict_untouched():
+    log: list = []
+    model = RecordingModule()
+    dm = ImagesDataModule(n=32, kind="dict", seed=0)
+    t = trainer(callbacks=[AddToInput(1.0, log)], max_epochs=1)
+    t.fit(model, datamodule=dm)
+    assert len(log) == 2
+    # the mixin's seeded epoch-0 order
+    first_indices = list(DistributedSampler(dm.train_dataset, num_replicas=1, rank=0, seed=0))[:16]
+    assert torch.allclose(model.train_batches[0][0], dm.train_dataset.tensors[0][first_indices] + 1.0)
+    model.val_batches.clear()
+    t.validate(model, datamodule=dm, verbose=False)
+    t.test(model, dataloaders=dm.val_dataloader(), verbose=False)
+    t.predict(model, dataloaders=dm.val_dataloader())
+    assert len(log) == 2  # no transform outside training
+    raw = [b["image"] for b in dm.val_dataloader()]
+    assert len(model.val_batches) == 3 * len(raw)
+    for i, (seen, _) in enumerate(model.val_batches):
+        assert torch.equal(seen, raw[i % len(raw)])
+
+
+def test_refit_installs_again_and_two_trainers_do_not_leak():
+    log: list = []
+    cb = AddToInput(1.0, log)
+    for _ in range(2):
+        model = RecordingModule()
+        t = trainer(callbacks=[cb], max_steps=1)
+        t.fit(model, *loaders("list", n=16))
+        assert "batch_to_device" not in vars(t.strategy)
+    assert len(log) == 2
+
+
+def test_dataloader_iter_training_step_is_refused_at_fit_start():
+    class IterModule(RecordingModule):
+        def training_step(self, dataloader_iter):
+            batch = next(dataloader_iter)
+            return super().training_step(batch, 0)
+
+    t = trainer(callbacks=[AddToInput(1.0, [])], max_steps=1)
+    with pytest.raises(RuntimeError, match="dataloader_iter"):
+        t.fit(IterModule(), *loaders("list", n=16))
+    assert "batch_to_device" not in vars(t.strategy)
