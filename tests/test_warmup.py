@@ -191,6 +191,37 @@ def test_gradient_accumulation_scheduler_changes_the_scale_per_epoch():
     assert module.used == pytest.approx([LR * 2] * 4 + [LR * 4] * 2)
 
 
+def test_a_tensor_learning_rate_is_replaced_during_the_update_never_changed_in_place():
+    class TensorLr(WarmupModule):
+        def configure_optimizers(self):
+            self.opt = RecordingSGD(self.parameters(), lr=torch.tensor(LR))
+            self.tensor_lr = self.opt.param_groups[0]["lr"]
+            self.sched = make_scheduler("cosine", self.opt, self.total)
+            return {"optimizer": self.opt, "lr_scheduler": {"scheduler": self.sched, "interval": "step"}}
+
+    module = TensorLr("cosine")
+    fit(module, [LinearScalingWarmup(8, warmup=4, warmup_unit="steps")], max_epochs=2)
+    assert module.used == pytest.approx([lr * ramp(t, 4, 2.0) for t, lr in enumerate(scheduled_lrs("cosine", 8))])
+    assert module.opt.param_groups[0]["lr"] is module.tensor_lr  # the scheduler's own tensor, which it fills
+    assert float(module.tensor_lr) == pytest.approx(module.sched.get_last_lr()[0])
+
+
+def test_an_update_that_raises_leaves_the_schedulers_learning_rate():
+    class Crash(WarmupModule):
+        def training_step(self, batch, batch_idx):
+            if self.global_step == 2:  # inside optimizer.step's closure: the factor is applied right now
+                self.lr_in_step = self.opt.param_groups[0]["lr"]
+                raise KeyError("boom")
+            return super().training_step(batch, batch_idx)
+
+    module = Crash("cosine")
+    with pytest.raises(KeyError, match="boom"):
+        fit(module, [LinearScalingWarmup(8, warmup=4, warmup_unit="steps")], max_epochs=2)
+    sched = scheduled_lrs("cosine", 8)
+    assert module.lr_in_step == pytest.approx(sched[2] * 1.5)
+    assert module.opt.param_groups[0]["lr"] == pytest.approx(sched[2])  # restored: safe to checkpoint or go on
+
+
 # ---------------------------------------------------------------------- groups, optimizers, logging
 @pytest.mark.parametrize("opt_out", ["key", "pair", "index"])
 def test_a_param_group_can_opt_out(opt_out):
