@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
@@ -87,10 +88,11 @@ class LinearScalingWarmup(SpeedupCallback):
 
         >>> import lightning.pytorch as pl
         >>> from lightning_speedups import LinearScalingWarmup
-        >>> # the lr in configure_optimizers was tuned for batch 256; train with 4 devices x 128 x 2 accumulated
+        >>> # the lr in configure_optimizers was tuned for batch 256; the loader gives 128 per device
         >>> warmup = LinearScalingWarmup(reference_batch_size=256, warmup=5, warmup_unit="epochs")
         >>> trainer = pl.Trainer(max_epochs=90, accumulate_grad_batches=2, callbacks=[warmup], logger=False)
-        >>> # trainer.fit(model, datamodule): lr x 4 after 5 epochs, times what the scheduler gives
+        >>> # trainer.fit(model, datamodule): 128 x 2 x 1 device = 256 -> lr x 1; with devices=4 (DDP):
+        >>> # 1024 -> lr ramps to x 4 over 5 epochs, times whatever the scheduler gives
     """
 
     log_name = "lr_warmup"
@@ -136,7 +138,7 @@ class LinearScalingWarmup(SpeedupCallback):
         self._pending: dict[int, list[Any]] = {}
         self._plan: _Plan | None = None
         self._last_factor: float | None = None
-        self._last_lrs: dict[int, list[float]] = {}
+        self._last_lrs: dict[int, list[Any]] = {}
 
     # ------------------------------------------------------------------ public read-outs
     @property
@@ -220,7 +222,7 @@ class LinearScalingWarmup(SpeedupCallback):
         for i, lrs in self._last_lrs.items():
             groups = self._optimizers[i].param_groups if i < len(self._optimizers) else []
             for j, lr in enumerate(lrs):
-                out[_group_name(self._names[i], groups, j)] = lr
+                out[_group_name(self._names[i], groups, j)] = float(lr)
         return out
 
     # ------------------------------------------------------------------ the step hooks
@@ -243,7 +245,8 @@ class LinearScalingWarmup(SpeedupCallback):
                 group["lr"] = lr * factor  # a new object: a tensor lr is replaced, never changed in place
         self._pending[i] = saved
         self._last_factor = factor
-        self._last_lrs[i] = [float(g["lr"]) for g in optimizer.param_groups]
+        # kept as they are (a tensor lr is read at logging time only: no device sync on every step)
+        self._last_lrs[i] = [_snapshot(g["lr"]) for g in optimizer.param_groups]
 
     def _post_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
         i = self._index(optimizer)
@@ -427,6 +430,11 @@ def _total_steps(trainer: pl.Trainer) -> float | None:
     except Exception:  # e.g. a GradientAccumulationScheduler with changing factors
         total = float(trainer.max_steps) if trainer.max_steps and trainer.max_steps > 0 else math.inf
     return total if math.isfinite(total) else None
+
+
+def _snapshot(lr: Any) -> Any:
+    """The value of ``lr`` now: a tensor lr may be filled in place by the scheduler later."""
+    return lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
 
 
 def _optimizer_names(optimizers: list[Optimizer]) -> list[str]:
