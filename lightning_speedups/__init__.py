@@ -10,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from lightning_speedups.base import SpeedupCallback, SpeedupWarning, training_progress
 from lightning_speedups.batch import BatchFieldError, BatchFields
 from lightning_speedups.callbacks import CutMix, LabelSmoothing, MixUp
+from lightning_speedups.callbacks.warmup import LinearScalingWarmup
 from lightning_speedups.data import SamplerProvider, SpeedupDataModule
 from lightning_speedups.targets import TargetTransformCallback, hard_labels
 
@@ -23,6 +24,7 @@ __all__ = [
     "BatchFields",
     "CutMix",
     "LabelSmoothing",
+    "LinearScalingWarmup",
     "MixUp",
     "SamplerProvider",
     "SpeedupCallback",
