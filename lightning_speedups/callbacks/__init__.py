@@ -1,7 +1,15 @@
 """The lightning-speedups callbacks, one module each."""
 
 from lightning_speedups.callbacks.cutmix import CutMix
+from lightning_speedups.callbacks.dropout_removal import DropoutRemoval
 from lightning_speedups.callbacks.label_smoothing import LabelSmoothing
 from lightning_speedups.callbacks.mixup import MixUp
+from lightning_speedups.callbacks.progressive_resizing import ProgressiveResizing
 
-__all__ = ["CutMix", "LabelSmoothing", "MixUp"]
+__all__ = [
+    "CutMix",
+    "DropoutRemoval",
+    "LabelSmoothing",
+    "MixUp",
+    "ProgressiveResizing",
+]
