@@ -196,12 +196,22 @@ class ScheduledResize:
 
     Example::
 
-        import torchvision.transforms as T
-        from lightning_speedups import ProgressiveResizing, ScheduledResize
+        import lightning.pytorch as pl
+        import torch
+        import torchvision.transforms.v2 as T
+        from torchvision.datasets import FakeData
+        from lightning_speedups import ProgressiveResizing, ScheduledResize, SpeedupDataModule
+        from lightning_speedups.demo import ImageClassifier
 
-        train_transform = T.Compose([ScheduledResize(224, factory=T.RandomResizedCrop), T.ToTensor()])
-        # dataset = torchvision.datasets.ImageFolder(root, transform=train_transform) in a SpeedupDataModule
-        callback = ProgressiveResizing(mode="pipeline")
+        class Images(SpeedupDataModule):
+            def setup(self, stage):
+                # RandomResizedCrop straight to this batch's size, then the rest on fewer pixels
+                crop = ScheduledResize(64, factory=T.RandomResizedCrop)
+                steps = T.Compose([crop, T.ToImage(), T.ToDtype(torch.float32, scale=True)])
+                self.train_dataset = FakeData(256, image_size=(3, 96, 96), num_classes=10, transform=steps)
+
+        trainer = pl.Trainer(max_epochs=2, callbacks=[ProgressiveResizing(mode="pipeline")], logger=False)
+        trainer.fit(ImageClassifier(in_channels=3, widths=(8, 16)), datamodule=Images(batch_size=32, num_workers=2))
     """
 
     def __init__(

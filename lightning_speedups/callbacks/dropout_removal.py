@@ -42,8 +42,11 @@ class DropoutRemoval(SpeedupCallback):
 
         import lightning.pytorch as pl
         from lightning_speedups import DropoutRemoval
+        from lightning_speedups.demo import DigitsDataModule, ImageClassifier
 
-        trainer = pl.Trainer(max_epochs=10, callbacks=[DropoutRemoval(start=0.5)])
+        # the classifier's dropout (0.3) is on for the first half of training and off for the second
+        trainer = pl.Trainer(max_epochs=2, callbacks=[DropoutRemoval(start=0.5)], logger=False)
+        trainer.fit(ImageClassifier(dropout=0.3), datamodule=DigitsDataModule(size=8))
     """
 
     log_name = "dropout_removal"

@@ -88,7 +88,8 @@ class ProgressiveResizing(SpeedupCallback):
       so training, checkpoints and resumed runs are unchanged. Enough when objects keep their pixel size
       (crop mode); after resize, the filters themselves are scale-specific and full-size accuracy stays low
       until the ramp (on digits: about 65% against 95% at the training size).
-    * ``"auto"`` (default): ``"recalibrate"`` in crop mode, ``"train_size"`` otherwise.
+    * ``"auto"`` (default): ``"recalibrate"`` in crop mode, ``"train_size"`` in resize and pipeline modes; with
+      the epoch ramp ``"full"``, as FFCV does (its ramp ends below the evaluation size on purpose).
     * ``"full"``: no remedy, plain full-size validation.
 
     When it helps: convolutional networks, whose cost grows with the pixel count (0.5 scale: about a quarter
@@ -130,8 +131,10 @@ class ProgressiveResizing(SpeedupCallback):
         from lightning_speedups import ProgressiveResizing
         from lightning_speedups.demo import DigitsDataModule, ImageClassifier
 
-        trainer = pl.Trainer(max_epochs=8, callbacks=[ProgressiveResizing(initial_scale=0.5)])
-        # trainer.fit(ImageClassifier(), DigitsDataModule(size=32))
+        # 16 x 16 digits: 8 x 8 for the first half, growing to 16 x 16 by 80%; validation follows the size
+        resizing = ProgressiveResizing(initial_scale=0.5, delay_fraction=0.5, finetune_fraction=0.2)
+        trainer = pl.Trainer(max_epochs=4, callbacks=[resizing], logger=False)
+        trainer.fit(ImageClassifier(widths=(8, 16, 32)), datamodule=DigitsDataModule(size=16))
     """
 
     log_name = "progressive_resizing"
@@ -201,7 +204,7 @@ class ProgressiveResizing(SpeedupCallback):
             raise ValueError(f"`validation` must be one of {_VALIDATION}, got {validation!r}.")
         self.validation = validation
         #: the remedy in use: ``validation`` with ``"auto"`` resolved.
-        self.val_remedy = validation if validation != "auto" else ("recalibrate" if mode == "crop" else "train_size")
+        self.val_remedy = validation if validation != "auto" else self._auto_remedy()
         self.calibration_batches = _integer("calibration_batches", calibration_batches, 1)
         if calibration_forward is not None and not callable(calibration_forward):
             raise TypeError(f"`calibration_forward` must be callable(pl_module, images), got {calibration_forward!r}.")
@@ -219,6 +222,11 @@ class ProgressiveResizing(SpeedupCallback):
         self._wrapped_loader = False
         self._warned_no_calibration = False
         self.recalibrations = 0
+
+    def _auto_remedy(self) -> str:
+        if self.ramp is not None:
+            return "full"  # FFCV's practice: the ramp ends below the evaluation size on purpose (FixRes)
+        return "recalibrate" if self.mode == "crop" else "train_size"
 
     @staticmethod
     def _check_ramp(
