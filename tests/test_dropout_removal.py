@@ -1,5 +1,6 @@
 """DropoutRemoval in real `Trainer.fit` runs: inert dropouts after `start`, determinism, resume, logs, warnings."""
 
+import warnings
 from typing import Any
 
 import pytest
@@ -101,3 +102,20 @@ def test_resume_keeps_dropout_where_the_uninterrupted_run_had_it(tmp_path, step)
 def test_bad_start(start):
     with pytest.raises((ValueError, TypeError), match="`start`"):
         DropoutRemoval(start=start)
+
+
+def test_modules_built_in_configure_model_are_found():
+    class Late(DropoutModule):
+        def __init__(self):
+            super().__init__()
+            self.body = None
+
+        def configure_model(self):
+            if self.body is None:
+                self.body = EveryDropout()
+
+    model = Late()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)  # no "nothing to remove" warning
+        trainer(callbacks=[DropoutRemoval()], max_steps=1).fit(model, loaders("list")[0])
+    assert model.log_steps[0][1:] == (True, True)

@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_speedups import ProgressiveResizing
+from lightning_speedups import ProgressiveResizing, SpeedupWarning
 from lightning_speedups.functional import progressive_scale, recalibrate_batchnorm, scaled_size
 from tests.helpers import NUM_CLASSES, ImagesDataModule, MemoryLogger, image_tensors, loaders, trainer, unpack
 
@@ -358,3 +358,16 @@ def test_other_bad_batches_before_any_step():
         loaders("list", size=SIZE)[0],
         error=RuntimeError,
     )
+
+
+def test_an_epoch_ramp_beyond_the_images():
+    fit_expecting(
+        ProgressiveResizing(mode="crop", min_res=8, max_res=32, start_ramp=0, end_ramp=1),
+        r"max_res=32, but the images are \(16, 16\): a crop cannot be larger",
+        loaders("list", size=SIZE)[0],
+    )
+    model = SizeRecorder()
+    cb = ProgressiveResizing(min_res=8, max_res=24, start_ramp=0, end_ramp=1, res_increment=8)
+    with pytest.warns(SpeedupWarning, match="upsampled"):
+        trainer(callbacks=[cb], max_epochs=2, limit_train_batches=1).fit(model, loaders("list", size=SIZE)[0])
+    assert [size for _, size, _, _ in model.train_seen] == [(8, 8), (24, 24)]

@@ -64,9 +64,12 @@ class DropoutRemoval(SpeedupCallback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        if stage != "fit":
-            return
-        self._removed, self._done = [], False
+        if stage == "fit":
+            self._removed, self._done = [], False
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        # Here rather than in setup: modules built in `configure_model` exist by now.
         if not any(site.value > 0 for site in find_dropout(pl_module)):
             self.warn("the model has no dropout with a non-zero probability; there is nothing to remove.")
 

@@ -286,6 +286,19 @@ class ProgressiveResizing(SpeedupCallback):
     def _check_batch(self, x: Any, target: Any) -> None:
         who = "ProgressiveResizing"
         check_image_batch(x, who)
+        if self.ramp is not None and self.mode != "pipeline":
+            short = min(int(x.shape[-2]), int(x.shape[-1]))
+            if self.ramp["max_res"] > short and self.mode == "crop":
+                raise ValueError(
+                    f"{who}: the epoch ramp reaches max_res={self.ramp['max_res']}, but the images are "
+                    f"{tuple(x.shape[-2:])}: a crop cannot be larger than the image. Lower `max_res` or use "
+                    "mode='resize'."
+                )
+            if self.ramp["max_res"] > short:
+                self.warn(
+                    f"the epoch ramp reaches max_res={self.ramp['max_res']} but the images' shorter side is "
+                    f"{short}: batches will be upsampled."
+                )
         if self.mode == "resize" and self.interpolation != "nearest" and not x.is_floating_point():
             raise TypeError(
                 f"{who}: {self.interpolation} interpolation needs floating-point images, got dtype {x.dtype}. "
@@ -376,7 +389,6 @@ class ProgressiveResizing(SpeedupCallback):
         super().setup(trainer, pl_module, stage)
         if stage != "fit":
             return
-        self._has_bn = bool(batchnorm_layers(pl_module))
         self._cache.clear()
         self._checked = False
         self._wrapped_loader = False
@@ -388,6 +400,7 @@ class ProgressiveResizing(SpeedupCallback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
+        self._has_bn = bool(batchnorm_layers(pl_module))  # here: after `configure_model`
         if self.mode != "pipeline":
             return
         loader = trainer.train_dataloader
@@ -396,7 +409,9 @@ class ProgressiveResizing(SpeedupCallback):
             raise RuntimeError(
                 "ProgressiveResizing(mode='pipeline') needs the training loader of a "
                 "`lightning_speedups.SpeedupDataModule` (its `train_dataloader` lets the callback attach the "
-                "size of each batch). Use one, or use mode='resize'."
+                f"size of each batch), with its sampler in place; this loader's sampler is "
+                f"{type(sampler).__name__} (Lightning replaces it under `overfit_batches`). Use a "
+                "SpeedupDataModule, or mode='resize'."
             )
         if self.ramp is None:
             batches, _, total = self._steps(trainer, sampler.num_batches(bool(loader.drop_last)))
