@@ -265,17 +265,28 @@ def test_recalibration_errors_clearly_and_takes_a_custom_forward():
 def run(tmp_path, ckpt_path=None, save=False, mode="crop"):
     seed_everything(11)
     model = SizeRecorder()
-    extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)] if save else []
+    extra = (
+        [
+            ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1),
+            ModelCheckpoint(dirpath=tmp_path / "val", every_n_epochs=1, save_top_k=-1),  # on_validation_end
+        ]
+        if save
+        else []
+    )
     cb = ProgressiveResizing(0.5, 0.25, 0.25, mode=mode, validation="recalibrate")
     t = trainer(callbacks=[cb, *extra], max_epochs=4, enable_checkpointing=save)
     t.fit(model, datamodule=ImagesDataModule(n=64, size=SIZE), ckpt_path=ckpt_path)
     return model
 
 
-@pytest.mark.parametrize(("mode", "step"), [("crop", 6), ("resize", 8)])
-def test_resume_mid_ramp_continues_at_the_same_scale(tmp_path, mode, step):
+@pytest.mark.parametrize(
+    ("mode", "step", "pattern"),
+    [("crop", 6, "*step=6.ckpt"), ("resize", 8, "*step=8.ckpt"), ("resize", 8, "val/epoch=1-step=8.ckpt")],
+    ids=["crop-mid-epoch", "resize-epoch-end", "resize-after-recalibrated-validation"],
+)
+def test_resume_mid_ramp_continues_at_the_same_scale(tmp_path, mode, step, pattern):
     full = run(tmp_path, save=True, mode=mode)
-    (ckpt,) = tmp_path.glob(f"*step={step}.ckpt")
+    (ckpt,) = tmp_path.glob(pattern)
     resumed = run(tmp_path / "resumed", ckpt_path=str(ckpt), mode=mode)
     sizes = [(s, size) for s, size, _, _ in full.train_seen]
     assert [(s, size) for s, size, _, _ in resumed.train_seen] == sizes[step:]
