@@ -9,9 +9,16 @@ from importlib.metadata import PackageNotFoundError, version
 
 from lightning_speedups.base import SpeedupCallback, SpeedupWarning, training_progress
 from lightning_speedups.batch import BatchFieldError, BatchFields
-from lightning_speedups.callbacks import CutMix, LabelSmoothing, MixUp
-from lightning_speedups.callbacks.warmup import LinearScalingWarmup
+from lightning_speedups.callbacks import (
+    CutMix,
+    DropoutRemoval,
+    LabelSmoothing,
+    LinearScalingWarmup,
+    MixUp,
+    ProgressiveResizing,
+)
 from lightning_speedups.data import SamplerProvider, SpeedupDataModule
+from lightning_speedups.pipeline import ScheduledResize
 from lightning_speedups.targets import TargetTransformCallback, hard_labels
 
 try:
@@ -23,10 +30,13 @@ __all__ = [
     "BatchFieldError",
     "BatchFields",
     "CutMix",
+    "DropoutRemoval",
     "LabelSmoothing",
     "LinearScalingWarmup",
     "MixUp",
+    "ProgressiveResizing",
     "SamplerProvider",
+    "ScheduledResize",
     "SpeedupCallback",
     "SpeedupDataModule",
     "SpeedupWarning",

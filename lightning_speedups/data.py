@@ -42,6 +42,21 @@ class SamplerProvider(Protocol):
     ) -> Sampler: ...
 
 
+@runtime_checkable
+class TrainDataWrapper(Protocol):
+    """A callback that wraps the training dataset and sampler of a :class:`SpeedupDataModule`.
+
+    ``wrap_train_data`` runs each time the training loader is built, after the sampler is chosen, and returns
+    the ``(dataset, sampler)`` the loader uses; ``ProgressiveResizing(mode="pipeline")`` attaches the image
+    size of each batch this way. The returned sampler must keep the wrapped one's ``set_epoch``, ``epoch``
+    and ``skip_next``, and stay a ``DistributedSampler`` under DDP.
+    """
+
+    def wrap_train_data(
+        self, datamodule: SpeedupDataModule, dataset: Dataset, sampler: Sampler
+    ) -> tuple[Dataset, Sampler]: ...
+
+
 class EpochShuffleSampler(DistributedSampler):
     """``DistributedSampler`` built knowing its epoch, able to skip the start of its next pass.
 
@@ -285,10 +300,14 @@ class SpeedupDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """The training loader: resumable mid-epoch, with the sampler from :meth:`train_sampler`."""
         dataset = self.get_train_dataset()
+        wrapped, sampler = dataset, self.train_sampler(dataset)
+        for wrapper in self.trainer.callbacks if self.trainer is not None else []:
+            if isinstance(wrapper, TrainDataWrapper):
+                wrapped, sampler = wrapper.wrap_train_data(self, wrapped, sampler)
         loader = ResumableDataLoader(
-            dataset,
+            wrapped,
             batch_size=self.batch_size,
-            sampler=self.train_sampler(dataset),
+            sampler=sampler,
             drop_last=self.drop_last,
             **self.loader_kwargs(dataset),
         )

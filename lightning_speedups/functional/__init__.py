@@ -1,5 +1,13 @@
 """Functional ops: the pure tensor and index math behind each callback, usable without Lightning."""
 
+from lightning_speedups.functional.batchnorm import (
+    BatchNormSnapshot,
+    batchnorm_layers,
+    pool_batchnorm_statistics,
+    recalibrate_batchnorm,
+    snapshot_batchnorm,
+)
+from lightning_speedups.functional.dropout import DropoutSite, disable_dropout, find_dropout, restore_dropout
 from lightning_speedups.functional.mixing import (
     as_probabilities,
     box_lambda,
@@ -12,6 +20,18 @@ from lightning_speedups.functional.mixing import (
     sample_permutation,
     smooth_labels,
 )
+from lightning_speedups.functional.resizing import (
+    ResizePlan,
+    crop_at,
+    crop_offsets,
+    progressive_scale,
+    ramp_resolution,
+    resize_batch,
+    resize_images,
+    resize_masks,
+    resolution_size,
+    scaled_size,
+)
 from lightning_speedups.functional.warmup import (
     batch_scale,
     global_batch_size,
@@ -21,18 +41,37 @@ from lightning_speedups.functional.warmup import (
 )
 
 __all__ = [
+    "BatchNormSnapshot",
+    "DropoutSite",
+    "ResizePlan",
     "as_probabilities",
     "batch_scale",
+    "batchnorm_layers",
     "box_lambda",
+    "crop_at",
+    "crop_offsets",
     "cut_and_paste",
     "cutmix_batch",
     "cutmix_box",
+    "disable_dropout",
+    "find_dropout",
     "global_batch_size",
     "mix",
     "mixup_batch",
+    "pool_batchnorm_statistics",
+    "progressive_scale",
+    "ramp_resolution",
+    "recalibrate_batchnorm",
+    "resize_batch",
+    "resize_images",
+    "resize_masks",
+    "resolution_size",
+    "restore_dropout",
     "sample_lambda",
     "sample_permutation",
+    "scaled_size",
     "smooth_labels",
+    "snapshot_batchnorm",
     "steps_per_epoch",
     "warmup_factor",
     "warmup_length",
