@@ -9,7 +9,14 @@ from importlib.metadata import PackageNotFoundError, version
 
 from lightning_speedups.base import SpeedupCallback, SpeedupWarning, training_progress
 from lightning_speedups.batch import BatchFieldError, BatchFields
-from lightning_speedups.callbacks import CutMix, LabelSmoothing, MixUp
+from lightning_speedups.callbacks import (
+    CurriculumOrdering,
+    CutMix,
+    LabelSmoothing,
+    LossScore,
+    MixUp,
+    RepeatFactorSampling,
+)
 from lightning_speedups.data import SamplerProvider, SpeedupDataModule
 from lightning_speedups.targets import TargetTransformCallback, hard_labels
 
@@ -21,9 +28,12 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
 __all__ = [
     "BatchFieldError",
     "BatchFields",
+    "CurriculumOrdering",
     "CutMix",
     "LabelSmoothing",
+    "LossScore",
     "MixUp",
+    "RepeatFactorSampling",
     "SamplerProvider",
     "SpeedupCallback",
     "SpeedupDataModule",
