@@ -125,29 +125,32 @@ class SamplingPlan:
             return self.repeat.seed
         return self.curriculum.seed if self.curriculum is not None else self.seed
 
-    def epoch_indices(self, epoch: int, total_size: int | None = None) -> np.ndarray:
-        """The epoch list of ``epoch`` over all ranks, with ``total_size`` entries (default :attr:`length`)."""
+    def epoch_indices(
+        self, epoch: int, total_size: int | None = None, *, rank: int = 0, num_replicas: int = 1
+    ) -> np.ndarray:
+        """The epoch list of ``epoch`` with ``total_size`` entries (default :attr:`length`), all ranks'; or,
+        with ``num_replicas > 1``, rank ``rank``'s positions of it (``rank, rank + num_replicas, ...``)."""
         n = self.num_samples
         total = self.length if total_size is None else int(total_size)
         if n == 0:
             raise ValueError("The training dataset is empty.")
+        shard = {"rank": rank, "num_replicas": num_replicas}
         counts = None
         if self.repeat is not None:
             counts = fs.repeat_factor_counts(self.repeat.factors, seed=self.repeat.seed, epoch=epoch)
         cur = self.curriculum
         if cur is None:
-            return fs.shuffled_epoch(n, total, seed=self.shuffle_seed, epoch=epoch, counts=counts)
+            return fs.shuffled_epoch(n, total, seed=self.shuffle_seed, epoch=epoch, counts=counts, **shard)
         if self.clock is None:
             raise RuntimeError("A curriculum plan needs a `clock` mapping epoch positions to optimizer steps.")
         pools, batch = fs.position_pools(total, epoch=epoch, clock=self.clock, pacing=cur.pacing, num_samples=n)
-        num_full_batches = int(np.count_nonzero(pools >= n))
         unpaced = None
-        if num_full_batches:
-            unpaced = fs.shuffled_epoch(n, total, seed=self.shuffle_seed, epoch=epoch, counts=counts)
-            if num_full_batches == len(pools):
+        if np.any(pools >= n):
+            unpaced = fs.shuffled_epoch(n, total, seed=self.shuffle_seed, epoch=epoch, counts=counts, **shard)
+            if np.all(pools >= n):
                 return unpaced
         return fs.curriculum_epoch(
-            cur.order, pools, batch, total, seed=cur.seed, epoch=epoch, counts=counts, unpaced=unpaced
+            cur.order, pools, batch, total, seed=cur.seed, epoch=epoch, counts=counts, unpaced=unpaced, **shard
         )
 
     def pool_fraction(self, step: int) -> float:
@@ -219,7 +222,7 @@ class EpochListSampler(DistributedSampler):
         epoch = self.epoch if epoch is None else epoch
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
-        indices = fs.shard(self.epoch_indices(epoch), self.num_replicas, self.rank)
+        indices = self.plan.epoch_indices(epoch, self.total_size, rank=self.rank, num_replicas=self.num_replicas)
         self._cache = (epoch, indices)
         return indices
 

@@ -194,12 +194,16 @@ def test_curriculum_epoch_draws_from_the_pool_of_each_batch():
     n, batch = 100, 10
     order = np.random.default_rng(0).permutation(n)
     pools = np.array([5, 5, 20, 50, 100, 100])
-    e = fs.curriculum_epoch(order, pools, batch, 60, seed=0, epoch=0, unpaced=np.arange(60)[::-1])
+    unpaced = np.arange(60)[::-1]
+    e = fs.curriculum_epoch(order, pools, batch, 60, seed=0, epoch=0, unpaced=unpaced)
     rank = np.empty(n, int)
     rank[order] = np.arange(n)
     for b, pool in enumerate(pools[:4]):
         assert rank[e[b * batch : (b + 1) * batch]].max() < pool
-    assert e[40:].tolist() == list(range(59, 39, -1))  # all data available: the shuffled list, in turn
+    assert e[40:].tolist() == unpaced[40:].tolist()  # all data available: the shuffled list's entries
+    # a shard draws what the whole list has at its positions
+    shard = fs.curriculum_epoch(order, pools, batch, 60, seed=0, epoch=0, unpaced=unpaced[1::3], rank=1, num_replicas=3)
+    assert shard.tolist() == e[1::3].tolist()
     assert len(set(e[:10].tolist())) <= 5
     # with counts, a sample is drawn in proportion to its count within the pool
     counts = np.ones(n, int)

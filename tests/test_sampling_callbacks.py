@@ -165,6 +165,25 @@ def test_composed_repeat_factors_and_curriculum():
     assert sampler.plan.repeat is not None and sampler.plan.curriculum is not None
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"accumulate_grad_batches": 2, "limit_train_batches": 0.5, "max_epochs": 3},
+        {"accumulate_grad_batches": 4, "max_epochs": 2, "max_steps": 5},
+    ],
+)
+def test_the_step_clock_predicts_lightnings_steps(kwargs):
+    """In-epoch pacing relies on knowing, while the loader is built, the step each batch will be trained at."""
+    cur = CurriculumOrdering("linear", start_fraction=0.1, full_at=1.0)
+    model, t = fit([RepeatFactorSampling(threshold=0.1), cur], dm=IndexDM(80, drop_last=True), **kwargs)
+    clock = t.train_dataloader.sampler.plan.clock
+    assert clock.batches_per_epoch == t.num_training_batches
+    assert clock.total_steps == t.estimated_stepping_batches
+    per_epoch = t.num_training_batches
+    predicted = [clock.step_of(b % per_epoch, b // per_epoch) for b in range(len(model.steps))]
+    assert predicted == model.steps
+
+
 # ---------------------------------------------------------------------------------------------- resume
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
+import torch
 
 #: Random streams of an epoch; each gets its own generator so that skipping one never shifts another.
 STREAM_ROUND, STREAM_SHUFFLE, STREAM_CURRICULUM, STREAM_TIES = 1, 2, 3, 4
@@ -208,7 +209,9 @@ def stochastic_round(values: np.ndarray, generator: np.random.Generator) -> np.n
     """Round each value down or up at random so that the expectation is the value: ``floor(v) + (u < frac)``."""
     v = np.asarray(values, dtype=np.float64)
     whole = np.floor(v)
-    return (whole + (generator.random(v.shape) < v - whole)).astype(np.int64)
+    counts = whole.astype(np.int64)
+    counts += generator.random(v.shape) < v - whole
+    return counts
 
 
 # ---------------------------------------------------------------------------------------------- epoch lists
@@ -246,19 +249,55 @@ def shard(indices: np.ndarray, num_replicas: int, rank: int) -> np.ndarray:
     return indices[rank::num_replicas]
 
 
+def permutation(size: int, *, seed: int, epoch: int, stream: int = STREAM_SHUFFLE) -> np.ndarray:
+    """A uniformly random permutation of ``range(size)``, seeded by ``(seed, epoch, stream)``.
+
+    Drawn with ``torch.randperm`` on a CPU generator, about twice as fast as NumPy's shuffle at 10M entries.
+    """
+    state = np.random.SeedSequence([int(seed), int(epoch), int(stream)]).generate_state(2, np.uint32)
+    generator = torch.Generator().manual_seed((int(state[0]) << 31) | (int(state[1]) >> 1))
+    dtype = torch.int32 if size < 2**31 else torch.int64
+    return torch.randperm(size, generator=generator, dtype=dtype).numpy()
+
+
+def _positions(length: int, rank: int, num_replicas: int) -> slice:
+    return slice(rank, length, num_replicas) if num_replicas > 1 or rank else slice(0, length)
+
+
 def shuffled_epoch(
-    num_samples: int, length: int, *, seed: int, epoch: int, counts: np.ndarray | None = None
+    num_samples: int,
+    length: int,
+    *,
+    seed: int,
+    epoch: int,
+    counts: np.ndarray | None = None,
+    rank: int = 0,
+    num_replicas: int = 1,
 ) -> np.ndarray:
     """A shuffled epoch list of ``length``: each sample ``counts[i]`` times (once if ``counts`` is None),
-    permuted by ``(seed, epoch)``, then truncated or padded cyclically to ``length``."""
+    permuted by ``(seed, epoch)``, then truncated or padded cyclically to ``length``.
+
+    With ``num_replicas > 1``, only the positions ``rank, rank + num_replicas, ...`` of that list.
+    """
     dtype = np.int64 if num_samples >= 2**31 else np.int32
-    base = (
-        np.arange(num_samples, dtype=dtype)
-        if counts is None
-        else np.repeat(np.arange(num_samples, dtype=dtype), counts)
-    )
-    epoch_rng(seed, epoch, STREAM_SHUFFLE).shuffle(base)
-    return fit_length(base, length)
+    size = num_samples if counts is None else int(np.sum(counts))
+    if size == 0:
+        raise ValueError("Cannot build an epoch list without samples.")
+    perm = permutation(size, seed=seed, epoch=epoch)
+    where = _positions(length, rank, num_replicas)
+    picked = perm[where] if length <= size else perm[np.arange(length)[where] % size]
+    if counts is None:
+        return picked.astype(dtype, copy=False)
+    counts = np.asarray(counts, dtype=np.int64)
+    if counts.min(initial=1) < 1:
+        return np.repeat(np.arange(num_samples, dtype=dtype), counts)[picked]
+    # The multiset is every sample once, then the extra copies; the permutation being uniform, that order
+    # does not matter, and it keeps the random lookups in the (small) array of extra copies.
+    extras = np.repeat(np.arange(num_samples, dtype=dtype), counts - 1)
+    out = picked.astype(dtype, copy=True)
+    extra = out >= num_samples
+    out[extra] = extras[out[extra] - num_samples]
+    return out
 
 
 def repeat_factor_counts(factors: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:
@@ -482,14 +521,16 @@ def curriculum_epoch(
     epoch: int,
     counts: np.ndarray | None = None,
     unpaced: np.ndarray | None = None,
+    rank: int = 0,
+    num_replicas: int = 1,
 ) -> np.ndarray:
-    """A curriculum epoch list of ``length``.
+    """A curriculum epoch list of ``length`` (or its positions ``rank, rank + num_replicas, ...``).
 
     Position ``p`` is drawn, with replacement, from the ``batch_pools[p // batch_size]`` first samples of
     ``order``, each weighted by its count this epoch (``counts``, e.g. stochastically rounded repeat factors;
-    1 each when None). Positions whose pool is the whole dataset take, in turn, the entries of ``unpaced``
-    (the epoch's shuffled list, e.g. :func:`shuffled_epoch`): once the pace reaches all the data, the epoch
-    is plain uniform sampling.
+    1 each when None). Positions whose pool is the whole dataset take the entry at the same position of
+    ``unpaced``, the epoch's shuffled list (e.g. :func:`shuffled_epoch`, for the same positions): once the pace
+    reaches all the data, the epoch is plain uniform sampling.
 
     Example::
 
@@ -499,29 +540,29 @@ def curriculum_epoch(
         (True, True)
     """
     n = len(order)
-    dtype = order.dtype
-    pools = np.repeat(np.asarray(batch_pools, dtype=np.int64), batch_size)[:length]
-    if len(pools) < length:
-        raise ValueError(f"`batch_pools` covers {len(pools)} positions, fewer than `length` ({length}).")
-    out = np.empty(length, dtype=dtype)
-    full = pools >= n
-    paced = ~full
-    num_paced = int(np.count_nonzero(paced))
-    if num_paced:
-        u = epoch_rng(seed, epoch, STREAM_CURRICULUM).random(num_paced)
-        pool = pools[paced]
+    where = _positions(length, rank, num_replicas)
+    positions = np.arange(length, dtype=np.int64)[where]
+    batch = positions // max(1, batch_size)
+    pools = np.asarray(batch_pools, dtype=np.int64)
+    if len(pools) * batch_size < length:
+        raise ValueError(f"`batch_pools` covers {len(pools) * batch_size} positions, fewer than `length` ({length}).")
+    pools = pools[batch]
+    # Every position's uniform draw, sliced to ours: the same list whatever the number of ranks.
+    u = epoch_rng(seed, epoch, STREAM_CURRICULUM).random(length)[where]
+    paced = pools < n
+    out = np.empty(len(positions), dtype=order.dtype)
+    if np.any(paced):
+        pool, u = pools[paced], u[paced]
         if counts is None:
-            pick = np.minimum((u * pool).astype(np.int64), pool - 1)
-            out[paced] = order[pick]
+            out[paced] = order[np.minimum((u * pool).astype(np.int64), pool - 1)]
         else:
             # The epoch's entries sorted by difficulty: the pool of the k easiest samples is a prefix of it.
             c = np.maximum(np.asarray(counts, dtype=np.int64)[order], 1)  # a zero count must not empty a pool
             entries = np.cumsum(c)[pool - 1]
             pick = np.minimum((u * entries).astype(np.int64), entries - 1)
             out[paced] = np.repeat(order, c)[pick]
-    num_full = length - num_paced
-    if num_full:
-        if unpaced is None or len(unpaced) < num_full:
-            raise ValueError("Positions with the whole dataset available need `unpaced` entries for each of them.")
-        out[full] = unpaced[:num_full]
+    if not np.all(paced):
+        if unpaced is None or len(unpaced) != len(positions):
+            raise ValueError("Positions with the whole dataset available need `unpaced`, one entry per position.")
+        out[~paced] = unpaced[~paced]
     return out
