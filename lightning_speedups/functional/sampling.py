@@ -540,29 +540,30 @@ def curriculum_epoch(
         (True, True)
     """
     n = len(order)
+    size = max(1, int(batch_size))
+    num_batches = -(-length // size)
+    pools = np.asarray(batch_pools, dtype=np.int64)[:num_batches]
+    if len(pools) < num_batches:
+        raise ValueError(f"`batch_pools` covers {len(pools) * size} positions, fewer than `length` ({length}).")
     where = _positions(length, rank, num_replicas)
-    positions = np.arange(length, dtype=np.int64)[where]
-    batch = positions // max(1, batch_size)
-    pools = np.asarray(batch_pools, dtype=np.int64)
-    if len(pools) * batch_size < length:
-        raise ValueError(f"`batch_pools` covers {len(pools) * batch_size} positions, fewer than `length` ({length}).")
-    pools = pools[batch]
     # Every position's uniform draw, sliced to ours: the same list whatever the number of ranks.
     u = epoch_rng(seed, epoch, STREAM_CURRICULUM).random(length)[where]
-    paced = pools < n
-    out = np.empty(len(positions), dtype=order.dtype)
-    if np.any(paced):
-        pool, u = pools[paced], u[paced]
-        if counts is None:
-            out[paced] = order[np.minimum((u * pool).astype(np.int64), pool - 1)]
-        else:
-            # The epoch's entries sorted by difficulty: the pool of the k easiest samples is a prefix of it.
-            c = np.maximum(np.asarray(counts, dtype=np.int64)[order], 1)  # a zero count must not empty a pool
-            entries = np.cumsum(c)[pool - 1]
-            pick = np.minimum((u * entries).astype(np.int64), entries - 1)
-            out[paced] = np.repeat(order, c)[pick]
-    if not np.all(paced):
-        if unpaced is None or len(unpaced) != len(positions):
+    if counts is None:
+        table, entries = order, np.minimum(pools, n)
+    else:
+        # The epoch's entries sorted by difficulty: the pool of the k easiest samples is a prefix of it.
+        c = np.maximum(np.asarray(counts, dtype=np.int64)[order], 1)  # a zero count must not empty a pool
+        cum = np.cumsum(c)
+        table, entries = np.repeat(order, c), cum[np.minimum(pools, n) - 1]
+    # Work per batch, then spread over the batch's positions (the pool changes only between batches).
+    scale = np.repeat(entries.astype(np.float64), size)[:length][where]
+    pick = (u * scale).astype(np.int64)
+    np.minimum(pick, scale.astype(np.int64) - 1, out=pick)
+    out = table[pick]
+    full = pools >= n
+    if np.any(full):
+        if unpaced is None or len(unpaced) != len(out):
             raise ValueError("Positions with the whole dataset available need `unpaced`, one entry per position.")
-        out[~paced] = unpaced[~paced]
+        mask = np.repeat(full, size)[:length][where]
+        out[mask] = unpaced[mask]
     return out
