@@ -14,7 +14,6 @@ where it stopped.
 
 .. code-block:: python
 
-    from lightning_speedups.functional.sampling import Pacing
     from lightning_speedups.samplers import EpochListSampler, SamplingPlan
 
     plan = SamplingPlan(num_samples=1000, seed=0)

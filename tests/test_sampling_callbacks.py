@@ -125,6 +125,17 @@ def test_anti_curriculum_and_multitask_order():
     assert [int(i) % 3 for i in multi.order[26:27]] == [0]
 
 
+def test_difficulty_from_an_array_or_the_datamodule():
+    dm = IndexDM(80)
+    dm.setup("fit")
+    from_dm = CurriculumOrdering().compute_order(dm, dm.train_dataset)
+    np.testing.assert_array_equal(from_dm, np.argsort(dm.train_difficulty))
+    reverse = CurriculumOrdering(difficulty=-dm.train_difficulty).compute_order(dm, dm.train_dataset)
+    np.testing.assert_array_equal(reverse, from_dm[::-1])
+    anti = CurriculumOrdering(anti_curriculum=True).compute_order(dm, dm.train_dataset)
+    np.testing.assert_array_equal(anti, from_dm[::-1])
+
+
 def test_loss_scorer_orders_by_the_initial_per_sample_loss():
     seed_everything(0)
     model = IndexModel(80)

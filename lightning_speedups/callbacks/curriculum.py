@@ -121,11 +121,17 @@ class CurriculumOrdering(SpeedupCallback):
 
         import lightning.pytorch as pl
         from lightning_speedups import CurriculumOrdering
+        from lightning_speedups.demo import DigitsDataModule, ImageClassifier
 
-        # dm: a SpeedupDataModule with `self.train_difficulty` set in `setup` (or pass difficulty=...)
-        curriculum = CurriculumOrdering("linear", start_fraction=0.2, full_at=0.5)
-        trainer = pl.Trainer(max_epochs=10, callbacks=[curriculum])
-        # trainer.fit(model, datamodule=dm)
+        # Difficulty from the datamodule (`self.train_difficulty`), an array, or a scorer run at fit start:
+        # here the pixel variance, low for faint digits; set `train_difficulty` in your datamodule likewise.
+        dm = DigitsDataModule(size=8)
+        dm.setup("fit")
+        curriculum = CurriculumOrdering(
+            "linear", difficulty=-dm.train_dataset.tensors[0].var(dim=(1, 2, 3)), start_fraction=0.2, full_at=0.5
+        )
+        trainer = pl.Trainer(max_epochs=2, callbacks=[curriculum], logger=False)
+        trainer.fit(ImageClassifier(), datamodule=dm)  # the first steps draw from the 20% easiest digits
     """
 
     log_name = "curriculum"
@@ -162,8 +168,10 @@ class CurriculumOrdering(SpeedupCallback):
         grow = _checks.real("growth", growth)
         if grow <= 1.0:
             raise ValueError(f"`growth` must be > 1, got {growth!r}: the pool grows by this factor each step_length.")
+        if step_length is None:
+            raise TypeError("`step_length` must be an int >= 1, got None.")
         step_length = _checks.optional_int("step_length", step_length, minimum=1)
-        self.pacing = fs.Pacing(pacing, start, full, grow, step_length or 1)
+        self.pacing = fs.Pacing(pacing, start, full, grow, int(step_length))
         for name, value in (("difficulty", difficulty), ("tasks", tasks)):
             if value is not None and not callable(value) and (isinstance(value, str) or not hasattr(value, "__len__")):
                 raise TypeError(f"`{name}` must be an array of one value per sample or a callable, got {value!r}.")

@@ -1,6 +1,7 @@
 """Pure index math behind repeat-factor sampling and curriculum ordering.
 
-Everything here is vectorised NumPy over whole epochs, with no Lightning and no global random state:
+Everything here is vectorised (NumPy, and ``torch.randperm`` for permutations) over whole epochs, with no
+Lightning and no global random state:
 
 * **repeat factors** (Gupta et al., LVIS 2019): ``f(c)`` is the fraction of samples whose labels include
   class ``c``, ``r(c) = max(1, sqrt(t / f(c)))``, and a sample's factor is the largest ``r(c)`` over its
@@ -68,8 +69,8 @@ def label_sets(labels: Any) -> tuple[np.ndarray, np.ndarray, int]:
     samples = np.repeat(np.arange(len(items), dtype=np.int64), lengths)
     # Deduplicate (sample, class) pairs: a class listed twice in one sample counts once.
     if len(classes):
-        key = samples * (int(classes.max()) + 1) + classes
-        _, first = np.unique(key, return_index=True)
+        ids, inverse = _compact(classes)
+        _, first = np.unique(samples * len(ids) + inverse, return_index=True)
         samples, classes = samples[first], classes[first]
     return samples, classes, len(items)
 
@@ -110,9 +111,9 @@ def _as_list(item: Any) -> list[Any]:
 
 def _class_ids(values: np.ndarray) -> np.ndarray:
     if values.dtype == object:
-        bad = [v for v in values[:1000] if not _is_int(v)] or [v for v in values if not _is_int(v)]
-        if bad:
-            raise ValueError(f"Class ids must be integers, got {bad[0]!r}.")
+        bad = next((v for v in values if not _is_int(v)), None)
+        if bad is not None:
+            raise ValueError(f"Class ids must be integers, got {bad!r}.")
         values = values.astype(np.int64)
     elif not np.issubdtype(values.dtype, np.integer):
         if np.issubdtype(values.dtype, np.bool_) or not np.all(np.mod(values, 1) == 0):
@@ -215,15 +216,6 @@ def stochastic_round(values: np.ndarray, generator: np.random.Generator) -> np.n
 
 
 # ---------------------------------------------------------------------------------------------- epoch lists
-def fit_length(indices: np.ndarray, length: int) -> np.ndarray:
-    """Truncate ``indices`` to ``length``, or pad by repeating them from the start (cyclically)."""
-    if length <= len(indices):
-        return indices[:length]
-    if len(indices) == 0:
-        raise ValueError("Cannot pad an empty epoch list.")
-    return np.resize(indices, length)
-
-
 def epoch_length(factors: np.ndarray) -> int:
     """The constant epoch length of repeat-factor sampling: ``round(sum(r))``, at least 1."""
     return max(1, round(float(np.sum(factors))))
