@@ -242,6 +242,7 @@ def test_resume_draws_what_the_uninterrupted_run_draws(tmp_path, step):
         (lambda: CurriculumOrdering(growth=0.9), ValueError, "`growth` must be > 1"),
         (lambda: CurriculumOrdering(step_length=0), ValueError, "`step_length` must be >= 1"),
         (lambda: CurriculumOrdering(difficulty="easy"), TypeError, "`difficulty` must be an array"),
+        (lambda: CurriculumOrdering(task_order="abc"), TypeError, "`task_order` must be a sequence of task ids"),
     ],
 )
 def test_bad_arguments_fail_at_construction(make, error, match):

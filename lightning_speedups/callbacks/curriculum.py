@@ -178,6 +178,12 @@ class CurriculumOrdering(SpeedupCallback):
         self.difficulty = difficulty
         self.anti_curriculum = bool(anti_curriculum)
         self.tasks = tasks
+        if task_order is not None and (
+            isinstance(task_order, str | bytes)
+            or not hasattr(task_order, "__iter__")
+            or not all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in task_order)
+        ):
+            raise TypeError(f"`task_order` must be a sequence of task ids (ints), easiest first; got {task_order!r}.")
         self.task_order = None if task_order is None else [int(t) for t in task_order]
         self._fixed_seed = self.seed
         self.scores: np.ndarray | None = None  # from a scorer; saved in checkpoints
