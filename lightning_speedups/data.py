@@ -239,6 +239,10 @@ class SpeedupDataModule(pl.LightningDataModule):
         """A difficulty score per training sample (higher = harder), for curricula; ``self.train_difficulty``."""
         return getattr(self, "train_difficulty", None)
 
+    def sample_tasks(self) -> np.ndarray | None:
+        """A task id per training sample, for multitask curricula; ``self.train_tasks``."""
+        return getattr(self, "train_tasks", None)
+
     # ------------------------------------------------------------------ loaders
     def _processes_per_node(self) -> int:
         trainer = self.trainer
@@ -282,9 +286,10 @@ class SpeedupDataModule(pl.LightningDataModule):
         """The training sampler: a sampling callback's, else a per-epoch seeded shuffle sharded over ranks."""
         ctx = self._sampler_context()
         providers = self.sampler_providers()
-        if len(providers) > 1:
-            names = ", ".join(type(p).__name__ for p in providers)
-            raise ValueError(f"Several callbacks supply the training sampler ({names}); keep one.")
+        if len(providers) > 1:  # composing callbacks add to one plan; any other pair is refused there
+            from lightning_speedups.samplers import build_train_sampler
+
+            return build_train_sampler(providers, self, dataset, **ctx)
         if providers:
             return providers[0].make_train_sampler(self, dataset, **ctx)
         return EpochShuffleSampler(
