@@ -9,8 +9,19 @@ from importlib.metadata import PackageNotFoundError, version
 
 from lightning_speedups.base import SpeedupCallback, SpeedupWarning, training_progress
 from lightning_speedups.batch import BatchFieldError, BatchFields
-from lightning_speedups.callbacks import CutMix, LabelSmoothing, MixUp
+from lightning_speedups.callbacks import (
+    CurriculumOrdering,
+    CutMix,
+    DropoutRemoval,
+    LabelSmoothing,
+    LinearScalingWarmup,
+    LossScore,
+    MixUp,
+    ProgressiveResizing,
+    RepeatFactorSampling,
+)
 from lightning_speedups.data import SamplerProvider, SpeedupDataModule
+from lightning_speedups.pipeline import ScheduledResize
 from lightning_speedups.targets import TargetTransformCallback, hard_labels
 
 try:
@@ -21,10 +32,17 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
 __all__ = [
     "BatchFieldError",
     "BatchFields",
+    "CurriculumOrdering",
     "CutMix",
+    "DropoutRemoval",
     "LabelSmoothing",
+    "LinearScalingWarmup",
+    "LossScore",
     "MixUp",
+    "ProgressiveResizing",
+    "RepeatFactorSampling",
     "SamplerProvider",
+    "ScheduledResize",
     "SpeedupCallback",
     "SpeedupDataModule",
     "SpeedupWarning",

@@ -42,6 +42,21 @@ class SamplerProvider(Protocol):
     ) -> Sampler: ...
 
 
+@runtime_checkable
+class TrainDataWrapper(Protocol):
+    """A callback that wraps the training dataset and sampler of a :class:`SpeedupDataModule`.
+
+    ``wrap_train_data`` runs each time the training loader is built, after the sampler is chosen, and returns
+    the ``(dataset, sampler)`` the loader uses; ``ProgressiveResizing(mode="pipeline")`` attaches the image
+    size of each batch this way. The returned sampler must keep the wrapped one's ``set_epoch``, ``epoch``
+    and ``skip_next``, and stay a ``DistributedSampler`` under DDP.
+    """
+
+    def wrap_train_data(
+        self, datamodule: SpeedupDataModule, dataset: Dataset, sampler: Sampler
+    ) -> tuple[Dataset, Sampler]: ...
+
+
 class EpochShuffleSampler(DistributedSampler):
     """``DistributedSampler`` built knowing its epoch, able to skip the start of its next pass.
 
@@ -224,6 +239,10 @@ class SpeedupDataModule(pl.LightningDataModule):
         """A difficulty score per training sample (higher = harder), for curricula; ``self.train_difficulty``."""
         return getattr(self, "train_difficulty", None)
 
+    def sample_tasks(self) -> np.ndarray | None:
+        """A task id per training sample, for multitask curricula; ``self.train_tasks``."""
+        return getattr(self, "train_tasks", None)
+
     # ------------------------------------------------------------------ loaders
     def _processes_per_node(self) -> int:
         trainer = self.trainer
@@ -267,9 +286,10 @@ class SpeedupDataModule(pl.LightningDataModule):
         """The training sampler: a sampling callback's, else a per-epoch seeded shuffle sharded over ranks."""
         ctx = self._sampler_context()
         providers = self.sampler_providers()
-        if len(providers) > 1:
-            names = ", ".join(type(p).__name__ for p in providers)
-            raise ValueError(f"Several callbacks supply the training sampler ({names}); keep one.")
+        if len(providers) > 1:  # composing callbacks add to one plan; any other pair is refused there
+            from lightning_speedups.samplers import build_train_sampler
+
+            return build_train_sampler(providers, self, dataset, **ctx)
         if providers:
             return providers[0].make_train_sampler(self, dataset, **ctx)
         return EpochShuffleSampler(
@@ -285,10 +305,14 @@ class SpeedupDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """The training loader: resumable mid-epoch, with the sampler from :meth:`train_sampler`."""
         dataset = self.get_train_dataset()
+        wrapped, sampler = dataset, self.train_sampler(dataset)
+        for wrapper in self.trainer.callbacks if self.trainer is not None else []:
+            if isinstance(wrapper, TrainDataWrapper):
+                wrapped, sampler = wrapper.wrap_train_data(self, wrapped, sampler)
         loader = ResumableDataLoader(
-            dataset,
+            wrapped,
             batch_size=self.batch_size,
-            sampler=self.train_sampler(dataset),
+            sampler=sampler,
             drop_last=self.drop_last,
             **self.loader_kwargs(dataset),
         )

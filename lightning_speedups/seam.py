@@ -6,7 +6,9 @@ that hook. Every loop, however, moves its batch through ``trainer.strategy.batch
 user's ``transfer_batch_to_device`` and ``on_after_batch_transfer`` (from the model or the DataModule,
 whichever Lightning selected). We wrap that method on the strategy *instance*: the wrapper calls the
 original and then, for training batches only (not validation, test, predict or sanity-check ones), hands
-the on-device batch to each registered callback in ``trainer.callbacks`` order.
+the on-device batch to each registered callback in ``trainer.callbacks`` order. A registered callback that
+also defines ``transform_validation_batch(trainer, pl_module, batch)`` is handed the validation batches of
+``fit`` the same way (sanity-check batches excepted), e.g. ``ProgressiveResizing(validation="train_size")``.
 
 The wrapper is installed once per strategy however many callbacks use it, and removed when the last one
 tears down, leaving the strategy exactly as it was.
@@ -43,6 +45,13 @@ class BatchTransformSeam:
             pl_module = trainer.lightning_module
             for callback in self.transforms:
                 batch = callback.transform_batch(trainer, pl_module, batch)
+        elif trainer.validating and not trainer.sanity_checking:
+            # Optional, for callbacks that change what validation during fit sees (e.g. its image size).
+            pl_module = trainer.lightning_module
+            for callback in self.transforms:
+                hook = getattr(callback, "transform_validation_batch", None)
+                if hook is not None:
+                    batch = hook(trainer, pl_module, batch)
         return batch
 
     def _order(self) -> None:

@@ -1,0 +1,412 @@
+"""Curriculum ordering: train on the easiest samples first, then on more and more of the data."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import move_data_to_device
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset
+
+from lightning_speedups import _checks
+from lightning_speedups.base import SpeedupCallback
+from lightning_speedups.batch import BatchFields, Key
+from lightning_speedups.functional import sampling as fs
+from lightning_speedups.samplers import (
+    SamplingPlan,
+    build_train_sampler,
+    check_plan_in_use,
+    datamodule_seed,
+    require_speedup_datamodule,
+    training_plan,
+)
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from lightning_speedups.data import SpeedupDataModule
+
+#: ``scorer(pl_module, batch) -> (B,)`` difficulty of each sample of a batch (higher = harder).
+Scorer = Callable[[Any, Any], Tensor]
+
+
+class LossScore:
+    """A scorer: the model's per-sample loss (``reduction="none"``), higher for harder samples.
+
+    Used as ``CurriculumOrdering(difficulty=LossScore())``, it scores each training sample with the model as
+    it is when training starts (in eval mode, without gradients). A model at its random initialisation ranks
+    samples poorly: the scores are useful when the model starts from pretrained weights, or pass a scorer
+    that uses a separate teacher (Hacohen & Weinshall's transfer scoring).
+
+    Args:
+        loss: ``loss(output, target, reduction="none") -> (B,)``; cross entropy by default.
+        input_key: where the batch keeps the input (see :class:`~lightning_speedups.BatchFields`).
+        target_key: where the batch keeps the target.
+
+    Example::
+
+        >>> import torch
+        >>> model = torch.nn.Linear(3, 2)
+        >>> LossScore()(model, [torch.zeros(4, 3), torch.tensor([0, 1, 0, 1])]).shape
+        torch.Size([4])
+    """
+
+    def __init__(
+        self,
+        loss: Callable[..., Tensor] = F.cross_entropy,
+        *,
+        input_key: Key | None = None,
+        target_key: Key | None = None,
+    ) -> None:
+        self.loss = loss
+        self.fields = BatchFields(input_key=input_key, target_key=target_key)
+
+    def __call__(self, pl_module: Any, batch: Any) -> Tensor:
+        x, y = self.fields.get(batch)
+        return self.loss(pl_module(x), y, reduction="none")
+
+
+class CurriculumOrdering(SpeedupCallback):
+    """Train on the easiest data first: a pool of the easiest samples that grows as training advances.
+
+    A difficulty score per sample orders the training set from easiest to hardest (hardest first with
+    ``anti_curriculum=True``); a pacing function gives the fraction of that order available at each optimizer
+    step. Pacing works inside an epoch: each position of the epoch list draws (with replacement) from the pool
+    of the step it will be trained at. Once the pace reaches all the data, epochs are plain uniform shuffles.
+
+    Pacing functions (``start_fraction`` is the fraction available at the first step):
+
+    * ``"fixed_exponential"`` (Hacohen & Weinshall 2019): the pool starts at ``start_fraction`` and grows by
+      ``growth`` every ``step_length`` steps (their CIFAR-100 setting: 0.04, 1.9, 100);
+    * ``"linear"``, ``"quad"``, ``"root"``, ``"step"``, ``"exp"``, ``"log"`` (Wu et al. 2021): from
+      ``start_fraction`` at the first step to all the data at ``full_at`` of the run's steps.
+
+    Multitask: with a task id per sample, samples are ordered by task (``task_order``, easiest task first;
+    by default by mean difficulty, or by id), then by difficulty within each task, so the pool takes in the
+    harder tasks as it grows.
+
+    The order is identical on every DDP rank (scores from a scorer are computed on a shard per rank and
+    gathered), every rank takes a disjoint shard of equal length of the same epoch list, and the sampler is a
+    ``DistributedSampler`` that Lightning leaves alone. A resumed run draws what the uninterrupted run would
+    have: scores from a scorer are saved in checkpoints. Composes with :class:`RepeatFactorSampling` (each
+    position then draws from the pool weighted by the epoch's repeats). Needs a
+    :class:`~lightning_speedups.SpeedupDataModule`.
+
+    Args:
+        pacing: one of ``"fixed_exponential"``, ``"linear"``, ``"quad"``, ``"root"``, ``"step"``, ``"exp"``,
+            ``"log"``.
+        difficulty: per-sample difficulty (higher = harder): an array, a scorer
+            ``scorer(pl_module, batch) -> (B,)`` run over the training set when training starts (e.g.
+            :class:`LossScore`), or ``None`` for the datamodule's ``sample_difficulty()``.
+        start_fraction: fraction of the easiest data available at the first step, in (0, 1].
+        full_at: (Wu et al.'s pacings) fraction of the run's steps after which all data is available, > 0.
+        growth: (``"fixed_exponential"``) factor by which the pool grows, > 1.
+        step_length: (``"fixed_exponential"``) optimizer steps between growths, >= 1.
+        anti_curriculum: hardest samples first.
+        tasks: a task id per sample, an array or a callable taking the training dataset; ``None`` reads the
+            datamodule's ``sample_tasks()`` (no tasks if it returns ``None``).
+        task_order: task ids from easiest to hardest.
+        seed: seed of the draws; ``None`` takes the datamodule's seed, which every rank shares.
+        log_knobs: log the knobs below.
+
+    Logged (``curriculum/...``): ``fraction`` (of the data available at the last batch's step) and
+    ``pool_size``.
+
+    Example::
+
+        import lightning.pytorch as pl
+        from lightning_speedups import CurriculumOrdering
+        from lightning_speedups.demo import DigitsDataModule, ImageClassifier
+
+        # Difficulty from the datamodule (`self.train_difficulty`), an array, or a scorer run at fit start:
+        # here the pixel variance, low for faint digits; set `train_difficulty` in your datamodule likewise.
+        dm = DigitsDataModule(size=8)
+        dm.setup("fit")
+        curriculum = CurriculumOrdering(
+            "linear", difficulty=-dm.train_dataset.tensors[0].var(dim=(1, 2, 3)), start_fraction=0.2, full_at=0.5
+        )
+        trainer = pl.Trainer(max_epochs=2, callbacks=[curriculum], logger=False)
+        trainer.fit(ImageClassifier(), datamodule=dm)  # the first steps draw from the 20% easiest digits
+    """
+
+    log_name = "curriculum"
+
+    def __init__(
+        self,
+        pacing: str = "linear",
+        *,
+        difficulty: np.ndarray | Sequence[float] | Tensor | Scorer | None = None,
+        start_fraction: float = 0.2,
+        full_at: float = 0.5,
+        growth: float = 1.9,
+        step_length: int = 100,
+        anti_curriculum: bool = False,
+        tasks: np.ndarray | Sequence[int] | Tensor | Callable[[Dataset], Any] | None = None,
+        task_order: Sequence[int] | None = None,
+        seed: int | None = None,
+        log_knobs: bool = True,
+    ) -> None:
+        super().__init__(seed=seed, log_knobs=log_knobs)
+        if pacing not in fs.PACING_KINDS:
+            raise ValueError(f"`pacing` must be one of {fs.PACING_KINDS}, got {pacing!r}.")
+        start = _checks.in_range(
+            "start_fraction",
+            start_fraction,
+            0.0,
+            1.0,
+            low_open=True,
+            hint="It is the fraction of the easiest data available at the first step (1 = no curriculum).",
+        )
+        full = _checks.positive(
+            "full_at", full_at, hint="It is the fraction of training steps after which all the data is available."
+        )
+        grow = _checks.real("growth", growth)
+        if grow <= 1.0:
+            raise ValueError(f"`growth` must be > 1, got {growth!r}: the pool grows by this factor each step_length.")
+        if step_length is None:
+            raise TypeError("`step_length` must be an int >= 1, got None.")
+        step_length = _checks.optional_int("step_length", step_length, minimum=1)
+        self.pacing = fs.Pacing(pacing, start, full, grow, int(step_length))
+        for name, value in (("difficulty", difficulty), ("tasks", tasks)):
+            if value is not None and not callable(value) and (isinstance(value, str) or not hasattr(value, "__len__")):
+                raise TypeError(f"`{name}` must be an array of one value per sample or a callable, got {value!r}.")
+        self.difficulty = difficulty
+        self.anti_curriculum = bool(anti_curriculum)
+        self.tasks = tasks
+        if task_order is not None and (
+            isinstance(task_order, str | bytes)
+            or not hasattr(task_order, "__iter__")
+            or not all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in task_order)
+        ):
+            raise TypeError(f"`task_order` must be a sequence of task ids (ints), easiest first; got {task_order!r}.")
+        self.task_order = None if task_order is None else [int(t) for t in task_order]
+        self._fixed_seed = self.seed
+        self.scores: np.ndarray | None = None  # from a scorer; saved in checkpoints
+        self.order: np.ndarray | None = None
+        self._order_seed: int | None = None
+        self._plan: SamplingPlan | None = None
+        self._fraction = start
+
+    @property
+    def _who(self) -> str:
+        return type(self).__name__
+
+    @property
+    def uses_scorer(self) -> bool:
+        """Whether difficulty comes from a scorer run over the training set at fit start."""
+        return callable(self.difficulty)
+
+    # ------------------------------------------------------------------ difficulty and order
+    def _checked(self, values: Any, name: str, size: int, *, finite: bool = True) -> np.ndarray:
+        if hasattr(values, "detach"):
+            values = values.detach().cpu().numpy()
+        arr = np.asarray(values)
+        if arr.ndim != 1 or len(arr) != size:
+            raise ValueError(
+                f"{self._who}: {name} must have one value per training sample ({size}), got shape {arr.shape}."
+            )
+        if finite:
+            if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):
+                raise ValueError(f"{self._who}: {name} must be real numbers, got dtype {arr.dtype}.")
+            bad = np.flatnonzero(~np.isfinite(arr.astype(np.float64)))
+            if len(bad):
+                raise ValueError(
+                    f"{self._who}: {name} has {len(bad)} NaN or infinite value(s), the first at sample {bad[0]} "
+                    f"({arr[bad[0]]!r}). Give every sample a finite score."
+                )
+        return arr
+
+    def _difficulty_array(self, datamodule: SpeedupDataModule, size: int) -> np.ndarray | None:
+        if self.uses_scorer:
+            return self.scores
+        if self.difficulty is not None:
+            return self._checked(self.difficulty, "`difficulty`", size).astype(np.float64)
+        values = datamodule.sample_difficulty()
+        if values is None:
+            return None
+        return self._checked(values, f"`{type(datamodule).__name__}.sample_difficulty()`", size).astype(np.float64)
+
+    def _task_array(self, datamodule: SpeedupDataModule, dataset: Dataset, size: int) -> np.ndarray | None:
+        tasks = self.tasks(dataset) if callable(self.tasks) else self.tasks
+        name = "`tasks`"
+        if tasks is None:
+            tasks, name = datamodule.sample_tasks(), f"`{type(datamodule).__name__}.sample_tasks()`"
+        if tasks is None:
+            return None
+        arr = self._checked(tasks, name, size)
+        if not np.all(np.mod(arr, 1) == 0):
+            raise ValueError(f"{self._who}: {name} must be integer task ids.")
+        return arr.astype(np.int64)
+
+    def compute_order(self, datamodule: SpeedupDataModule, dataset: Dataset, seed: int = 0) -> np.ndarray:
+        """The training set's order from easiest to hardest (hardest first for an anti-curriculum).
+
+        Equal difficulties are ordered at random by ``seed`` (the callback's own seed, if it has one).
+        """
+        seed = self._fixed_seed if self._fixed_seed is not None else seed
+        size = len(dataset)  # type: ignore[arg-type]
+        if size == 0:
+            raise ValueError(f"{self._who}: the training dataset is empty.")
+        difficulty = self._difficulty_array(datamodule, size)
+        tasks = self._task_array(datamodule, dataset, size)
+        if difficulty is None and tasks is None:
+            if self.uses_scorer:
+                raise RuntimeError(f"{self._who}: the scorer has not run yet; it runs when fit starts.")
+            raise ValueError(
+                f"{self._who} needs a difficulty per training sample, and `{type(datamodule).__name__}` has none: "
+                "set `self.train_difficulty` in its `setup`, override `sample_difficulty()`, pass "
+                "`difficulty=` (an array, or a scorer such as `LossScore()`), or give task ids (`tasks=`)."
+            )
+        try:
+            order = fs.difficulty_order(
+                difficulty,
+                tasks=tasks,
+                task_order=self.task_order,
+                anti=self.anti_curriculum,
+                seed=seed,
+            )
+        except ValueError as err:
+            raise ValueError(f"{self._who}: {err}") from err
+        self.order, self._order_seed = order, seed
+        return order
+
+    def score(self, trainer: pl.Trainer, pl_module: pl.LightningModule, datamodule: SpeedupDataModule) -> np.ndarray:
+        """Run the scorer over the training set: each rank scores a contiguous part, then all ranks gather."""
+        scorer = self.difficulty
+        assert callable(scorer)
+        dataset = datamodule.get_train_dataset()
+        n = len(dataset)  # type: ignore[arg-type]
+        world, rank = max(1, trainer.world_size), trainer.global_rank
+        per = -(-n // world)
+        lo, hi = min(n, rank * per), min(n, (rank + 1) * per)
+        loader = DataLoader(
+            Subset(dataset, range(lo, hi)),
+            batch_size=datamodule.batch_size,
+            shuffle=False,
+            collate_fn=datamodule.collate_fn,
+        )
+        parts: list[Tensor] = []
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            with torch.no_grad(), trainer.precision_plugin.val_step_context():
+                for batch in loader:
+                    batch = move_data_to_device(trainer.precision_plugin.convert_input(batch), pl_module.device)
+                    scores = torch.as_tensor(scorer(pl_module, batch)).detach()
+                    parts.append(scores.reshape(-1).float().cpu())  # float32: what checkpoints keep, exactly
+        finally:
+            pl_module.train(was_training)
+        local = torch.cat(parts) if parts else torch.zeros(0)
+        if len(local) != hi - lo:
+            raise ValueError(
+                f"{self._who}: the scorer returned {len(local)} scores for {hi - lo} samples; it must return one "
+                "score per sample of the batch, shape (B,)."
+            )
+        padded = torch.full((per,), math.nan)
+        padded[: len(local)] = local
+        gathered = trainer.strategy.all_gather(padded.to(pl_module.device))
+        scores = gathered.reshape(-1)[:n].cpu().numpy()
+        return self._checked(scores, "the scorer's difficulty", n).astype(np.float32)
+
+    # ------------------------------------------------------------------ sampler
+    def contribute_to_plan(
+        self, plan: SamplingPlan, datamodule: SpeedupDataModule, dataset: Dataset, *, seed: int
+    ) -> None:
+        """Add the order and the pacing to ``plan`` (how the callback composes with others)."""
+        seed = self._fixed_seed if self._fixed_seed is not None else seed
+        if self.order is None or len(self.order) != len(dataset) or self._order_seed != seed:  # type: ignore[arg-type]
+            self.compute_order(datamodule, dataset, seed)
+        assert self.order is not None
+        plan.add_curriculum(self.order, self.pacing, seed=seed, source=self._who)
+        self._plan = plan
+
+    def make_train_sampler(
+        self,
+        datamodule: SpeedupDataModule,
+        dataset: Dataset,
+        *,
+        epoch: int,
+        num_replicas: int,
+        rank: int,
+        seed: int,
+    ) -> Sampler:
+        """The training sampler (the ``SamplerProvider`` protocol of ``SpeedupDataModule``)."""
+        return build_train_sampler(
+            [self], datamodule, dataset, epoch=epoch, num_replicas=num_replicas, rank=rank, seed=seed
+        )
+
+    # ------------------------------------------------------------------ hooks
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage != "fit":
+            return
+        datamodule = require_speedup_datamodule(trainer, self._who)
+        self.order = None
+        if not self.uses_scorer:  # bad scores fail here, before training; a scorer runs at fit start
+            self.compute_order(datamodule, datamodule.get_train_dataset(), datamodule_seed(datamodule))
+        if self.pacing.needs_total_steps and trainer.max_steps == -1 and trainer.max_epochs in (None, -1):
+            raise ValueError(
+                f"{self._who}(pacing={self.pacing.kind!r}) paces over the run's length, but the Trainer has no "
+                "`max_epochs` or `max_steps`. Set one, or use pacing='fixed_exponential'."
+            )
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_fit_start(trainer, pl_module)
+        if not self.uses_scorer:
+            return
+        datamodule = require_speedup_datamodule(trainer, self._who)
+        # The model is set up and on its device; a resumed run restored its scores before this hook.
+        if self.scores is None or len(self.scores) != len(datamodule.get_train_dataset()):  # type: ignore[arg-type]
+            self.scores = self.score(trainer, pl_module, datamodule)
+        self.compute_order(datamodule, datamodule.get_train_dataset(), datamodule_seed(datamodule))
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        plan = check_plan_in_use(trainer, self._who)
+        clock = plan.clock
+        if clock is None:
+            return
+        batches = trainer.num_training_batches
+        total = self._total_steps
+        if (math.isfinite(batches) and int(batches) != clock.batches_per_epoch) or (
+            total is not None
+            and math.isfinite(total)
+            and math.isfinite(clock.total_steps)
+            and total != clock.total_steps
+        ):
+            self.warn(
+                f"the pacing assumed {clock.batches_per_epoch} batches per epoch and {clock.total_steps:g} steps, "
+                f"but the trainer runs {batches} and {total}: the pool will grow at another pace than set."
+            )
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        plan = self._plan if self._plan is not None else training_plan(trainer)
+        if plan is not None and plan.clock is not None:
+            self._fraction = plan.pool_fraction(plan.clock.step_of(batch_idx, trainer.current_epoch))
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    # ------------------------------------------------------------------ logging and state
+    def knobs(self) -> dict[str, float]:
+        out = {"fraction": float(self._fraction)}
+        if self.order is not None:
+            out["pool_size"] = float(fs.pool_sizes(np.array([self._fraction]), len(self.order))[0])
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {**super().state_dict(), "pacing": self.pacing.kind}
+        if self.scores is not None:
+            state["scores"] = torch.from_numpy(np.asarray(self.scores, dtype=np.float32))
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        scores = state_dict.get("scores")
+        if scores is not None and self.uses_scorer:
+            self.scores = np.asarray(scores.numpy() if hasattr(scores, "numpy") else scores, dtype=np.float32)

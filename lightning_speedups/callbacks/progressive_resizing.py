@@ -1,0 +1,523 @@
+"""Progressive resizing: train on smaller images early and on full-size images late (fast.ai, Composer, FFCV)."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+from torch.utils.data import Dataset, DistributedSampler, Sampler
+
+from lightning_speedups import _checks
+from lightning_speedups.base import SpeedupCallback
+from lightning_speedups.batch import BatchFields, BatchGetter, BatchSetter, Key
+from lightning_speedups.functional.batchnorm import (
+    batchnorm_layers,
+    pool_batchnorm_statistics,
+    recalibrate_batchnorm,
+    snapshot_batchnorm,
+)
+from lightning_speedups.functional.resizing import (
+    INTERPOLATIONS,
+    ResizePlan,
+    check_image_batch,
+    crop_at,
+    progressive_scale,
+    ramp_resolution,
+    resize_batch,
+    resize_images,
+    resize_masks,
+)
+from lightning_speedups.pipeline import ResolutionDataset, ResolutionSampler
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from lightning_speedups.data import SpeedupDataModule
+
+_MODES = ("resize", "crop", "pipeline")
+_VALIDATION = ("auto", "train_size", "recalibrate", "full")
+_DEFAULT_SCHEDULE = {"initial_scale": 0.5, "delay_fraction": 0.5, "finetune_fraction": 0.2}
+
+
+def _integer(name: str, value: Any, minimum: int) -> int:
+    if value is None:
+        raise TypeError(f"`{name}` must be an int >= {minimum}, got None.")
+    checked = _checks.optional_int(name, value, minimum=minimum)
+    assert checked is not None
+    return checked
+
+
+class ProgressiveResizing(SpeedupCallback):
+    """Train on reduced image sizes early, growing to full size; validate meaningfully throughout.
+
+    **Schedule.** By default Composer's: the scale is ``initial_scale`` until ``delay_fraction`` of training,
+    grows linearly to 1 by ``1 - finetune_fraction``, and the rest of training is at full size. Sizes are
+    rounded to a multiple of ``size_increment``. Alternatively FFCV's epoch ramp: give ``min_res``,
+    ``max_res``, ``start_ramp`` and ``end_ramp`` and the shorter image side is ``min_res`` up to epoch
+    ``start_ramp``, ``max_res`` from epoch ``end_ramp``, linear (rounded to ``res_increment``) in between.
+
+    **Where the size is reduced** (``mode``):
+
+    * ``"resize"``: training batches are interpolated on the device (``interpolation``, ``antialias``);
+    * ``"crop"``: a random crop per sample, on the device (objects keep their pixel size);
+    * ``"pipeline"``: with a :class:`~lightning_speedups.SpeedupDataModule`, the size of each batch reaches
+      the dataset's transforms inside the DataLoader workers, where a
+      :class:`~lightning_speedups.ScheduledResize` produces it, so decoding and augmentation also run on
+      fewer pixels. Exact per batch, no lag behind the schedule (see :mod:`lightning_speedups.pipeline`).
+
+    **Validation** (``validation``). A network trained at a reduced size judges full-size images badly (its
+    filters and its BatchNorm statistics were learned at the reduced size): without a remedy, validation
+    accuracy sits far below what the model reaches at its training size, and early stopping, checkpoint
+    selection and time-to-target are blind until the last part of training. Remedies, used while the
+    schedule is below full size, during ``fit`` only:
+
+    * ``"train_size"``: validation batches are brought to the current training scale on the device (resized
+      like the training batches; centre crop in crop mode) and the model is evaluated exactly as trained, so
+      the metrics follow the model as it is being trained, measured as a run without this callback measures
+      its own. They describe the model *at that scale*: ``val_height``/``val_width`` are logged with them.
+    * ``"recalibrate"``: validation stays at full size, and the BatchNorm running statistics are first
+      re-estimated at full size on ``calibration_batches`` recent training batches (eval-mode dropout,
+      momentum-free average, pooled over DDP ranks); the training statistics are put back after validation,
+      so training, checkpoints and resumed runs are unchanged. Enough when objects keep their pixel size
+      (crop mode); after resize, the filters themselves are scale-specific and full-size accuracy stays low
+      until the ramp (on digits: about 65% against 95% at the training size).
+    * ``"auto"`` (default): ``"recalibrate"`` in crop mode, ``"train_size"`` in resize and pipeline modes; with
+      the epoch ramp ``"full"``, as FFCV does (its ramp ends below the evaluation size on purpose).
+    * ``"full"``: no remedy, plain full-size validation.
+
+    When it helps: convolutional networks, whose cost grows with the pixel count (0.5 scale: about a quarter
+    of the FLOPs); ImageNet recipes (fast.ai, FFCV, Composer's "mild" ResNet-50). When it hurts: a short run
+    can lose a little accuracy for the same number of steps; when data loading is the bottleneck on-device
+    modes save nothing (use ``mode="pipeline"``); models with a fixed input size (ViT patch grids without
+    position-embedding interpolation, fully connected heads over the feature map).
+
+    Args:
+        initial_scale: scale at the start, in (0, 1].
+        delay_fraction: fraction of training at ``initial_scale``.
+        finetune_fraction: fraction of training at full size, at the end; the two fractions sum to <= 1.
+        size_increment: each side is rounded to a multiple of this (>= 1).
+        mode: ``"resize"``, ``"crop"`` or ``"pipeline"``.
+        interpolation: ``"nearest"`` (Composer's choice), ``"bilinear"`` or ``"bicubic"``, for on-device resizing.
+        antialias: antialiased bilinear/bicubic downsizing.
+        resize_targets: also resize dense targets (masks ``(N, H, W)`` or ``(N, C, H, W)``), by nearest
+            sampling (crop mode: the same crop). Not with ``mode="pipeline"``, where your transforms do it.
+        min_res: FFCV ramp: shorter side (pixels) until ``start_ramp``.
+        max_res: FFCV ramp: shorter side from ``end_ramp`` on.
+        start_ramp: FFCV ramp: epoch where the ramp starts.
+        end_ramp: FFCV ramp: epoch where it ends.
+        res_increment: FFCV ramp: resolutions on the ramp are rounded to a multiple of this (FFCV: 32).
+        validation: ``"auto"``, ``"train_size"``, ``"recalibrate"`` or ``"full"``, see above.
+        calibration_batches: with ``"recalibrate"``, training batches used to re-estimate the BatchNorm
+            statistics at full size. On-device modes keep references to the last ones seen (device memory:
+            this many full-size input batches); pipeline mode loads them at full size in the main process.
+        calibration_forward: ``forward(pl_module, images)`` for recalibration; defaults to ``pl_module(images)``.
+        input_key: where the batch keeps its images (see :class:`~lightning_speedups.BatchFields`).
+        target_key: where the batch keeps its dense targets (with ``resize_targets``).
+        batch_getter: ``getter(batch) -> (input, target)`` for custom batches, with ``batch_setter``.
+        batch_setter: ``setter(batch, input, target) -> new batch``.
+        seed: seed of the random crops and calibration draws (see :class:`~lightning_speedups.SpeedupCallback`).
+        log_knobs: log ``scale`` (or ``resolution``), ``height`` and ``width``.
+
+    Example::
+
+        import lightning.pytorch as pl
+        from lightning_speedups import ProgressiveResizing
+        from lightning_speedups.demo import DigitsDataModule, ImageClassifier
+
+        # 16 x 16 digits: 8 x 8 for the first half, growing to 16 x 16 by 80%; validation follows the size
+        resizing = ProgressiveResizing(initial_scale=0.5, delay_fraction=0.5, finetune_fraction=0.2)
+        trainer = pl.Trainer(max_epochs=4, callbacks=[resizing], logger=False)
+        trainer.fit(ImageClassifier(widths=(8, 16, 32)), datamodule=DigitsDataModule(size=16))
+    """
+
+    log_name = "progressive_resizing"
+
+    def __init__(
+        self,
+        initial_scale: float = 0.5,
+        delay_fraction: float = 0.5,
+        finetune_fraction: float = 0.2,
+        size_increment: int = 4,
+        mode: str = "resize",
+        *,
+        interpolation: str = "bilinear",
+        antialias: bool = True,
+        resize_targets: bool = False,
+        min_res: int | None = None,
+        max_res: int | None = None,
+        start_ramp: float | None = None,
+        end_ramp: float | None = None,
+        res_increment: int = 32,
+        validation: str = "auto",
+        calibration_batches: int = 4,
+        calibration_forward: Callable[[Any, Tensor], Any] | None = None,
+        input_key: Key | None = None,
+        target_key: Key | None = None,
+        batch_getter: BatchGetter | None = None,
+        batch_setter: BatchSetter | None = None,
+        seed: int | None = None,
+        log_knobs: bool = True,
+    ) -> None:
+        super().__init__(seed=seed, log_knobs=log_knobs)
+        self.initial_scale = _checks.in_range(
+            "initial_scale", initial_scale, 0.0, 1.0, low_open=True, hint="It is the first fraction of the full size."
+        )
+        self.delay_fraction = _checks.in_range("delay_fraction", delay_fraction, 0.0, 1.0)
+        self.finetune_fraction = _checks.in_range("finetune_fraction", finetune_fraction, 0.0, 1.0)
+        if self.delay_fraction + self.finetune_fraction > 1.0 + 1e-12:
+            raise ValueError(
+                f"`delay_fraction + finetune_fraction` must be <= 1 (they are the parts of training before and "
+                f"after the ramp), got {delay_fraction!r} + {finetune_fraction!r}. Lower one of them."
+            )
+        self.size_increment = _integer("size_increment", size_increment, 1)
+        if mode not in _MODES:
+            raise ValueError(f"`mode` must be one of {_MODES}, got {mode!r}.")
+        self.mode = mode
+        if interpolation not in INTERPOLATIONS:
+            raise ValueError(f"`interpolation` must be one of {INTERPOLATIONS}, got {interpolation!r}.")
+        self.interpolation = interpolation
+        self.antialias = bool(antialias)
+        self.resize_targets = bool(resize_targets)
+        if self.resize_targets and mode == "pipeline":
+            raise ValueError(
+                "`resize_targets=True` resizes masks on the device; with mode='pipeline' your dataset's "
+                "transforms produce the masks at the batch's size (read it with `current_resize_plan()`)."
+            )
+        self.ramp = self._check_ramp(min_res, max_res, start_ramp, end_ramp, res_increment)
+        if self.ramp is not None:
+            given = {"initial_scale": initial_scale, "delay_fraction": delay_fraction}
+            given["finetune_fraction"] = finetune_fraction
+            changed = [k for k, v in given.items() if v != _DEFAULT_SCHEDULE[k]]
+            if changed:
+                raise ValueError(
+                    f"Pass either the fraction schedule ({', '.join(changed)}) or the epoch ramp (min_res, "
+                    "max_res, start_ramp, end_ramp), not both."
+                )
+        if validation not in _VALIDATION:
+            raise ValueError(f"`validation` must be one of {_VALIDATION}, got {validation!r}.")
+        self.validation = validation
+        #: the remedy in use: ``validation`` with ``"auto"`` resolved.
+        self.val_remedy = validation if validation != "auto" else self._auto_remedy()
+        self.calibration_batches = _integer("calibration_batches", calibration_batches, 1)
+        if calibration_forward is not None and not callable(calibration_forward):
+            raise TypeError(f"`calibration_forward` must be callable(pl_module, images), got {calibration_forward!r}.")
+        self.calibration_forward = calibration_forward
+        self.fields = BatchFields(input_key, target_key, batch_getter, batch_setter)
+
+        self._plan: ResizePlan | None = None  # of the last training batch
+        self._size: tuple[int, int] | None = None  # of the last training batch, after resizing
+        self._full: tuple[int, int] | None = None  # of the last training batch, before resizing
+        self._val_size: tuple[int, int] | None = None
+        self._cache: deque[Tensor] = deque(maxlen=self.calibration_batches)
+        self._snapshot: Any = None
+        self._has_bn = False
+        self._checked = False
+        self._wrapped_loader = False
+        self._warned_no_calibration = False
+        self.recalibrations = 0
+
+    def _auto_remedy(self) -> str:
+        if self.ramp is not None:
+            return "full"  # FFCV's practice: the ramp ends below the evaluation size on purpose (FixRes)
+        return "recalibrate" if self.mode == "crop" else "train_size"
+
+    @staticmethod
+    def _check_ramp(
+        min_res: Any, max_res: Any, start_ramp: Any, end_ramp: Any, res_increment: Any
+    ) -> dict[str, Any] | None:
+        values = {"min_res": min_res, "max_res": max_res, "start_ramp": start_ramp, "end_ramp": end_ramp}
+        if all(v is None for v in values.values()):
+            return None
+        missing = [k for k, v in values.items() if v is None]
+        if missing:
+            raise ValueError(f"The epoch ramp needs min_res, max_res, start_ramp and end_ramp; missing {missing}.")
+        lo, hi = _integer("min_res", min_res, 1), _integer("max_res", max_res, 1)
+        if hi < lo:
+            raise ValueError(f"`max_res` ({max_res!r}) must be >= `min_res` ({min_res!r}).")
+        start = _checks.in_range("start_ramp", start_ramp, 0.0, math.inf, hint="It is an epoch number.")
+        end = _checks.in_range("end_ramp", end_ramp, 0.0, math.inf, hint="It is an epoch number.")
+        if end < start:
+            raise ValueError(f"`end_ramp` ({end_ramp!r}) must be >= `start_ramp` ({start_ramp!r}).")
+        increment = _integer("res_increment", res_increment, 1)
+        return {"min_res": lo, "max_res": hi, "start_ramp": start, "end_ramp": end, "round_to": increment}
+
+    # ------------------------------------------------------------------ the schedule
+    def plan_at(self, progress: float, epoch: int) -> ResizePlan:
+        """The plan at a training ``progress`` (fraction schedule) or ``epoch`` (epoch ramp)."""
+        if self.ramp is not None:
+            return ResizePlan(resolution=ramp_resolution(epoch, **self.ramp), size_increment=self.size_increment)
+        scale = progressive_scale(progress, self.initial_scale, self.delay_fraction, self.finetune_fraction)
+        return ResizePlan(scale=scale, size_increment=self.size_increment)
+
+    def current_plan(self, trainer: pl.Trainer) -> ResizePlan:
+        """The plan of the training batch about to run."""
+        return self.plan_at(self.progress(trainer), trainer.current_epoch)
+
+    # ------------------------------------------------------------------ on the device
+    def transform_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
+        x = self.fields.get_input(batch)
+        target = self.fields.get_target(batch) if self.resize_targets else None
+        if not self._checked:
+            self._check_batch(x, target)
+            self._checked = True
+        plan = self.current_plan(trainer)
+        self._plan = plan
+        full = (int(x.shape[-2]), int(x.shape[-1]))
+        if self.mode == "pipeline":
+            self._size = full  # the pipeline already made it; full-size batches are loaded when needed
+            return batch
+        if self.val_remedy == "recalibrate" and self._has_bn:
+            self._cache.append(x)  # a reference: the seam never mutates batches
+        size = plan.size_for(full)
+        self._full, self._size = full, size
+        if size == full:
+            return batch
+        generator = self.torch_generator(trainer) if self.mode == "crop" else None
+        new_x, new_target = resize_batch(x, size, self.mode, self.interpolation, self.antialias, target, generator)
+        return self.fields.replace(batch, input=new_x, target=new_target if self.resize_targets else None)
+
+    def _check_batch(self, x: Any, target: Any) -> None:
+        who = "ProgressiveResizing"
+        check_image_batch(x, who)
+        if self.ramp is not None and self.mode != "pipeline":
+            short = min(int(x.shape[-2]), int(x.shape[-1]))
+            if self.ramp["max_res"] > short and self.mode == "crop":
+                raise ValueError(
+                    f"{who}: the epoch ramp reaches max_res={self.ramp['max_res']}, but the images are "
+                    f"{tuple(x.shape[-2:])}: a crop cannot be larger than the image. Lower `max_res` or use "
+                    "mode='resize'."
+                )
+            if self.ramp["max_res"] > short:
+                self.warn(
+                    f"the epoch ramp reaches max_res={self.ramp['max_res']} but the images' shorter side is "
+                    f"{short}: batches will be upsampled."
+                )
+        if self.mode == "resize" and self.interpolation != "nearest" and not x.is_floating_point():
+            raise TypeError(
+                f"{who}: {self.interpolation} interpolation needs floating-point images, got dtype {x.dtype}. "
+                "Convert them to float, or use interpolation='nearest' or mode='crop'."
+            )
+        if self.resize_targets:
+            if not isinstance(target, Tensor) or target.ndim not in (3, 4):
+                shape = tuple(target.shape) if isinstance(target, Tensor) else type(target).__name__
+                raise ValueError(
+                    f"{who}(resize_targets=True) needs dense targets (N, H, W) or (N, C, H, W), got {shape}. "
+                    "Fix `target_key`, or set resize_targets=False for class labels."
+                )
+            if tuple(target.shape[-2:]) != tuple(x.shape[-2:]) or target.shape[0] != x.shape[0]:
+                raise ValueError(
+                    f"{who}: dense targets {tuple(target.shape)} must match the images {tuple(x.shape)} in batch "
+                    "size, height and width."
+                )
+
+    def transform_validation_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
+        """With the ``"train_size"`` remedy: bring validation batches of ``fit`` to the current training scale."""
+        if self.val_remedy != "train_size" or self._plan is None or self._plan.is_full:
+            return batch
+        x = self.fields.get_input(batch)
+        check_image_batch(x, "ProgressiveResizing(validation='train_size')")
+        full = (int(x.shape[-2]), int(x.shape[-1]))
+        size = self._plan.size_for(full)
+        self._val_size = size
+        if size == full:
+            return batch
+        target = self.fields.get_target(batch) if self.resize_targets else None
+        if self.mode == "crop" and size[0] <= full[0] and size[1] <= full[1]:
+            tops = torch.full((x.shape[0],), (full[0] - size[0]) // 2)
+            lefts = torch.full((x.shape[0],), (full[1] - size[1]) // 2)
+            new_x = crop_at(x, size, tops, lefts)
+            new_target = crop_at(target, size, tops, lefts) if target is not None else None
+        else:
+            new_x = resize_images(x, size, self.interpolation, self.antialias)
+            new_target = resize_masks(target, size, self.interpolation) if target is not None else None
+        return self.fields.replace(batch, input=new_x, target=new_target)
+
+    # ------------------------------------------------------------------ in the data pipeline
+    def wrap_train_data(
+        self, datamodule: SpeedupDataModule, dataset: Dataset, sampler: Sampler
+    ) -> tuple[Dataset, Sampler]:
+        """``SpeedupDataModule`` hook: in pipeline mode, attach each batch's plan to its sample indices."""
+        if self.mode != "pipeline":
+            return dataset, sampler
+        trainer = datamodule.trainer
+        if trainer is not None and trainer.world_size > 1 and not isinstance(sampler, DistributedSampler):
+            raise TypeError(
+                f"ProgressiveResizing(mode='pipeline') under DDP needs a DistributedSampler to wrap, got "
+                f"{type(sampler).__name__}: SpeedupDataModule's samplers are; custom ones must subclass it."
+            )
+        if datamodule.batch_size is None:
+            raise ValueError("ProgressiveResizing(mode='pipeline') needs the SpeedupDataModule's `batch_size`.")
+        size, batch_size = len(sampler), datamodule.batch_size  # type: ignore[arg-type]
+        loader_batches = size // batch_size if datamodule.drop_last else math.ceil(size / batch_size)
+        plan_for_batch = functools.partial(self._plan_for_batch, trainer, loader_batches)
+        wrapped = ResolutionSampler(sampler, batch_size, plan_for_batch)
+        self._wrapped_loader = True
+        return ResolutionDataset(dataset), wrapped
+
+    def _steps(self, trainer: pl.Trainer, loader_batches: int) -> tuple[int, int, float]:
+        """(training batches per epoch, optimizer steps per epoch, total steps), as Lightning will count them.
+
+        Needed before Lightning knows them: with workers, the first batches are requested while the training
+        loader is being set up. ``on_train_start`` checks the result against Lightning's own numbers.
+        """
+        limit = trainer.limit_train_batches
+        batches = min(loader_batches, int(limit)) if isinstance(limit, int) else int(loader_batches * limit)
+        steps_per_epoch = math.ceil(batches / trainer.accumulate_grad_batches)
+        max_epochs = trainer.max_epochs if trainer.max_epochs is not None else -1
+        total: float = math.inf if max_epochs == -1 else steps_per_epoch * max(max_epochs, 1)
+        if trainer.max_steps != -1:
+            total = min(total, trainer.max_steps)
+        return batches, steps_per_epoch, total
+
+    def _plan_for_batch(self, trainer: pl.Trainer, loader_batches: int, epoch: int, batch: int) -> ResizePlan:
+        if self.ramp is not None:
+            return self.plan_at(0.0, epoch)
+        _, steps_per_epoch, total = self._steps(trainer, loader_batches)
+        step = epoch * steps_per_epoch + batch // trainer.accumulate_grad_batches
+        progress = 1.0 if total <= 0 else min(1.0, step / total)
+        return self.plan_at(progress, epoch)
+
+    # ------------------------------------------------------------------ Lightning hooks
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage != "fit":
+            return
+        self._cache.clear()
+        self._checked = False
+        self._wrapped_loader = False
+        if self.val_remedy == "train_size":
+            rank_zero_info(
+                "ProgressiveResizing: validation during fit runs at the current training scale (logged as "
+                "progressive_resizing/val_height and val_width) until the schedule reaches full size."
+            )
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._has_bn = bool(batchnorm_layers(pl_module))  # here: after `configure_model`
+        if self.mode != "pipeline":
+            return
+        loader = trainer.train_dataloader
+        sampler = getattr(loader, "sampler", None)
+        if not self._wrapped_loader or not isinstance(sampler, ResolutionSampler):
+            raise RuntimeError(
+                "ProgressiveResizing(mode='pipeline') needs the training loader of a "
+                "`lightning_speedups.SpeedupDataModule` (its `train_dataloader` lets the callback attach the "
+                f"size of each batch), with its sampler in place; this loader's sampler is "
+                f"{type(sampler).__name__} (Lightning replaces it under `overfit_batches`). Use a "
+                "SpeedupDataModule, or mode='resize'."
+            )
+        if self.ramp is None:
+            batches, _, total = self._steps(trainer, sampler.num_batches(bool(loader.drop_last)))
+            expected = (trainer.num_training_batches, trainer.estimated_stepping_batches)
+            if (batches, total) != expected:
+                raise RuntimeError(
+                    f"ProgressiveResizing(mode='pipeline') predicted {batches} batches per epoch and {total} steps, "
+                    f"but Lightning counts {expected[0]} and {expected[1]} (e.g. `overfit_batches` or a changing "
+                    "`accumulate_grad_batches`). Use mode='resize' for this run."
+                )
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._val_size = None
+        if self.val_remedy != "recalibrate" or not self._has_bn:
+            return
+        if trainer.sanity_checking or trainer.state.fn != "fit" or self._plan is None or self._plan.is_full:
+            return  # trained at full size: the running statistics fit
+        if self.mode != "pipeline" and self._size == self._full:
+            return
+        inputs = self._calibration_inputs(trainer, pl_module)
+        if not inputs:
+            if not self._warned_no_calibration:
+                self._warned_no_calibration = True
+                self.warn("no training batch to recalibrate BatchNorm with yet; this validation is uncorrected.")
+            return
+        self._snapshot = snapshot_batchnorm(pl_module)
+        forward = self._forward
+        try:
+            with trainer.precision_plugin.forward_context():
+                recalibrate_batchnorm(pl_module, inputs, forward)
+        except Exception as err:
+            self._snapshot.restore()
+            self._snapshot = None
+            raise RuntimeError(
+                f"ProgressiveResizing could not run the model on full-size images to recalibrate BatchNorm "
+                f"({type(err).__name__}: {err}). It calls `pl_module(images)`: pass "
+                "`calibration_forward=lambda module, images: ...`, or validation='train_size' or 'full'."
+            ) from err
+        if trainer.world_size > 1:
+            pool_batchnorm_statistics(pl_module, lambda t: trainer.strategy.reduce(t, reduce_op="mean"))
+        self.recalibrations += 1
+
+    def _forward(self, module: Any, images: Tensor) -> Any:
+        if self.calibration_forward is not None:
+            return self.calibration_forward(module, images)
+        return module(images)
+
+    def _calibration_inputs(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[Tensor]:
+        if self.mode != "pipeline":
+            return list(self._cache)
+        loader = trainer.train_dataloader
+        dataset = loader.dataset
+        base = dataset.dataset if isinstance(dataset, ResolutionDataset) else dataset
+        n = len(base)
+        rng = self.rng(trainer)
+        inputs = []
+        for _ in range(self.calibration_batches):
+            indices = rng.choice(n, size=min(n, loader.batch_size or 1), replace=False)
+            batch = loader.collate_fn([base[int(i)] for i in indices])  # plain indices: full size
+            batch = trainer.precision_plugin.convert_input(batch)
+            batch = pl_module._on_before_batch_transfer(batch, dataloader_idx=0)
+            batch = trainer.strategy.batch_to_device(batch, dataloader_idx=0)
+            inputs.append(self.fields.get_input(batch))
+        return inputs
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore()
+        if self._val_size is not None and self.log_knobs and trainer.loggers and not trainer.sanity_checking:
+            self.log_now(trainer)  # the metrics just logged were taken at this size
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._restore()
+        self._cache.clear()
+        super().teardown(trainer, pl_module, stage)
+
+    def _restore(self) -> None:
+        if self._snapshot is not None:
+            self._snapshot.restore()
+            self._snapshot = None
+
+    # ------------------------------------------------------------------ knobs and state
+    def knobs(self) -> dict[str, float]:
+        if self._plan is None:
+            return {}
+        knobs: dict[str, float] = {}
+        if self.ramp is not None:
+            knobs["resolution"] = float(self._plan.resolution or 0)
+        else:
+            knobs["scale"] = self._plan.scale
+        if self._size is not None:
+            knobs["height"], knobs["width"] = float(self._size[0]), float(self._size[1])
+        if self._val_size is not None:
+            knobs["val_height"], knobs["val_width"] = float(self._val_size[0]), float(self._val_size[1])
+        return knobs
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "plan": asdict(self._plan) if self._plan is not None else None,
+            "size": list(self._size) if self._size is not None else None,
+            "full": list(self._full) if self._full is not None else None,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        plan = state_dict.get("plan")
+        self._plan = ResizePlan(**plan) if plan is not None else None
+        self._size = tuple(state_dict["size"]) if state_dict.get("size") else None  # type: ignore[assignment]
+        self._full = tuple(state_dict["full"]) if state_dict.get("full") else None  # type: ignore[assignment]

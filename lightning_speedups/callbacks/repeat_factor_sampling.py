@@ -1,0 +1,230 @@
+"""Repeat-factor sampling: oversample the images of rare classes (Gupta et al., LVIS, 2019)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from torch.utils.data import Dataset, Sampler
+
+from lightning_speedups import _checks
+from lightning_speedups.base import SpeedupCallback
+from lightning_speedups.functional import sampling as fs
+from lightning_speedups.samplers import (
+    SamplingPlan,
+    build_train_sampler,
+    check_plan_in_use,
+    require_speedup_datamodule,
+)
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from lightning_speedups.data import SpeedupDataModule
+
+#: Labels: one class id per sample, a list of class ids per sample, or a multi-hot matrix (N, C).
+Labels = Any
+
+
+class RepeatFactorSampling(SpeedupCallback):
+    """Repeat each training sample ``r`` times per epoch on average, ``r`` large for samples of rare classes.
+
+    The LVIS rule: ``f(c)`` is the fraction of samples whose labels include class ``c``,
+    ``r(c) = max(1, sqrt(threshold / f(c)))``, and a sample's factor is the largest ``r(c)`` over its labels
+    (multi-label samples are supported; a sample without labels gets 1). Classes in at least a ``threshold``
+    fraction of the samples are not repeated.
+
+    Each epoch rounds the factors stochastically (2.3 becomes 2 or 3, 2.3 on average) with a generator seeded
+    by ``(seed, epoch)``, shuffles, and pads or truncates to a constant ``round(sum(r))`` entries, so every DDP
+    rank draws the same epoch, a resumed run draws what the uninterrupted run would have, and the number of
+    batches per epoch never changes. The sampler is a ``DistributedSampler``: Lightning leaves it alone under
+    DDP and each rank takes a disjoint shard of equal length. Composes with :class:`CurriculumOrdering`.
+
+    Needs a :class:`~lightning_speedups.SpeedupDataModule`, whose training loader takes its sampler from this
+    callback.
+
+    Args:
+        threshold: ``t`` of the rule, > 0; LVIS uses 0.001. Larger values repeat more classes, more often.
+        labels: class labels per training sample: an array or sequence (one class id per sample, a list of
+            ids per sample, or a boolean multi-hot matrix ``(N, C)``), or a callable taking the training
+            dataset and returning them. ``None`` reads the datamodule's ``sample_labels()``.
+        sqrt: ``r(c) = max(1, sqrt(t / f(c)))`` (the LVIS rule); ``False`` uses ``max(1, t / f(c))``.
+        log_top_k: how many of the largest class factors to log (``class_factor/<class id>``).
+        seed: seed of the rounding and shuffling; ``None`` takes the datamodule's seed (``PL_GLOBAL_SEED``,
+            which ``seed_everything`` sets, else 0), which every rank shares.
+        log_knobs: log the knobs below through the trainer's loggers.
+
+    Logged (``repeat_factor_sampling/...``): ``expected_epoch_length`` (``sum(r)``), ``epoch_length``,
+    ``max_factor``, ``repeated_fraction`` (share of samples with ``r > 1``), ``class_factor/<id>``.
+
+    Example::
+
+        import lightning.pytorch as pl
+        from lightning_speedups import RepeatFactorSampling
+        from lightning_speedups.demo import DigitsDataModule, ImageClassifier
+
+        # The datamodule's sample_labels() gives the classes (here a TensorDataset's second tensor). The
+        # digits are balanced (f about 0.1 per class): t = 0.2 repeats every sample about sqrt(2) times.
+        rfs = RepeatFactorSampling(threshold=0.2)
+        trainer = pl.Trainer(max_epochs=1, limit_train_batches=3, callbacks=[rfs], logger=False)
+        trainer.fit(ImageClassifier(), datamodule=DigitsDataModule(size=8))
+        print(rfs.epoch_length, rfs.largest_class_factors(2))  # 2034 {8: 1.438..., 0: 1.423...}
+    """
+
+    log_name = "repeat_factor_sampling"
+
+    def __init__(
+        self,
+        threshold: float = 0.001,
+        *,
+        labels: Labels | Callable[[Dataset], Labels] | None = None,
+        sqrt: bool = True,
+        log_top_k: int = 5,
+        seed: int | None = None,
+        log_knobs: bool = True,
+    ) -> None:
+        super().__init__(seed=seed, log_knobs=log_knobs)
+        self.threshold = _checks.positive(
+            "threshold",
+            threshold,
+            hint="It is the class frequency below which samples are repeated; LVIS uses 0.001.",
+        )
+        if labels is not None and not callable(labels) and (isinstance(labels, str) or not hasattr(labels, "__len__")):
+            raise TypeError(
+                f"`labels` must be an array or sequence of class labels per sample, or a callable taking the "
+                f"training dataset and returning them; got {type(labels).__name__}."
+            )
+        self.labels = labels
+        self.sqrt = bool(sqrt)
+        self.log_top_k = _checks.optional_int("log_top_k", log_top_k, minimum=0)
+        self._fixed_seed = self.seed  # the user's seed; `self.seed` is filled per process at setup
+        self.factors: np.ndarray | None = None
+        self.epoch_length = 0
+        self._class_ids = np.zeros(0, dtype=np.int64)
+        self._class_factors = np.zeros(0)
+        self._restored_length: int | None = None
+
+    # ------------------------------------------------------------------ factors
+    def compute_factors(self, datamodule: SpeedupDataModule, dataset: Dataset) -> np.ndarray:
+        """Per-sample repeat factors from the labels; checks the labels against ``dataset``."""
+        who = type(self).__name__
+        labels = self.labels
+        if labels is None:
+            labels = datamodule.sample_labels()
+            source = f"`{type(datamodule).__name__}.sample_labels()`"
+            if labels is None:
+                raise ValueError(
+                    f"{who} needs class labels per training sample, and `{type(datamodule).__name__}` has none: "
+                    "set `self.train_labels` in its `setup`, override `sample_labels()`, or pass `labels=` to "
+                    f"{who}."
+                )
+        elif callable(labels):
+            labels = labels(dataset)
+            source = "`labels(dataset)`"
+        else:
+            source = "`labels`"
+        try:
+            table = fs.repeat_factor_table(labels, self.threshold, sqrt=self.sqrt)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{who}: the labels from {source} are not usable: {err}") from err
+        size = len(dataset)  # type: ignore[arg-type]
+        if len(table.sample_factors) != size:
+            raise ValueError(
+                f"{who}: {source} gives labels for {len(table.sample_factors)} samples, but the training dataset "
+                f"has {size}. Give one entry per training sample, in dataset order (an empty list for a sample "
+                "without labels)."
+            )
+        self._class_ids, self._class_factors = table.class_ids, table.class_factors
+        self.factors = factors = table.sample_factors
+        self.epoch_length = fs.epoch_length(factors)
+        if self._class_factors.size == 0 or self._class_factors.max() <= 1.0:
+            self.warn(
+                f"no class is in fewer than {self.threshold:g} of the samples, so every repeat factor is 1 and "
+                "this is a plain shuffle. Raise `threshold` to oversample the rarer classes."
+            )
+        if self._restored_length is not None:
+            self._check_restored_length()
+        return factors
+
+    def _check_restored_length(self) -> None:
+        if (
+            self.factors is not None
+            and self._restored_length is not None
+            and self._restored_length != self.epoch_length
+        ):
+            self.warn(
+                f"the checkpoint was trained with epochs of {self._restored_length} samples, these labels give "
+                f"{self.epoch_length}: the labels or `threshold` changed, so the resumed run does not draw what "
+                "the original would have."
+            )
+
+    # ------------------------------------------------------------------ sampler
+    def contribute_to_plan(
+        self, plan: SamplingPlan, datamodule: SpeedupDataModule, dataset: Dataset, *, seed: int
+    ) -> None:
+        """Add the repeat factors to ``plan`` (how the callback composes with others)."""
+        if self.factors is None or len(self.factors) != len(dataset):  # type: ignore[arg-type]
+            self.compute_factors(datamodule, dataset)
+        assert self.factors is not None
+        plan.add_repeat_factors(
+            self.factors,
+            seed=self._fixed_seed if self._fixed_seed is not None else seed,
+            length=self.epoch_length,
+            source=type(self).__name__,
+        )
+
+    def make_train_sampler(
+        self,
+        datamodule: SpeedupDataModule,
+        dataset: Dataset,
+        *,
+        epoch: int,
+        num_replicas: int,
+        rank: int,
+        seed: int,
+    ) -> Sampler:
+        """The training sampler (the ``SamplerProvider`` protocol of ``SpeedupDataModule``)."""
+        return build_train_sampler(
+            [self], datamodule, dataset, epoch=epoch, num_replicas=num_replicas, rank=rank, seed=seed
+        )
+
+    # ------------------------------------------------------------------ hooks
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage != "fit":
+            return
+        datamodule = require_speedup_datamodule(trainer, type(self).__name__)
+        self.compute_factors(datamodule, datamodule.get_train_dataset())  # bad labels fail here, before training
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        check_plan_in_use(trainer, type(self).__name__)
+
+    # ------------------------------------------------------------------ logging and state
+    def knobs(self) -> dict[str, float]:
+        if self.factors is None:
+            return {}
+        out = {
+            "expected_epoch_length": float(self.factors.sum()),
+            "epoch_length": float(self.epoch_length),
+            "max_factor": float(self.factors.max()),
+            "repeated_fraction": float(np.mean(self.factors > 1.0)),
+        }
+        if self.log_top_k:
+            top = np.argsort(-self._class_factors, kind="stable")[: self.log_top_k]
+            out.update({f"class_factor/{int(self._class_ids[i])}": float(self._class_factors[i]) for i in top})
+        return out
+
+    def largest_class_factors(self, k: int = 5) -> dict[int, float]:
+        """The ``k`` largest class repeat factors, ``{class id: r(c)}``."""
+        top = np.argsort(-self._class_factors, kind="stable")[:k]
+        return {int(self._class_ids[i]): float(self._class_factors[i]) for i in top}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "threshold": self.threshold, "epoch_length": self.epoch_length}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._restored_length = state_dict.get("epoch_length")
+        self._check_restored_length()

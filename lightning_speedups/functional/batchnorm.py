@@ -1,0 +1,133 @@
+"""BatchNorm running statistics: snapshot, restore, re-estimate on given inputs, pool across processes.
+
+A network trained at one input size keeps BatchNorm running statistics of the activations *at that size*.
+Evaluated at another size, its activations have other statistics and the stored ones normalise them wrongly:
+accuracy can collapse although the weights are good. Re-estimating the statistics on a few batches at the
+evaluation size (as "precise BN" does) fixes that without touching the weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+#: ``forward(model, inputs)``: how to run the model on one calibration input.
+Forward = Callable[[nn.Module, Any], Any]
+
+
+def batchnorm_layers(model: nn.Module) -> list[_BatchNorm]:
+    """The BatchNorm layers of ``model`` that keep running statistics (``SyncBatchNorm`` included)."""
+    return [
+        m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats and m.running_mean is not None
+    ]
+
+
+@dataclass
+class BatchNormSnapshot:
+    """Copies of the running statistics and momentum of BatchNorm layers; :meth:`restore` puts them back."""
+
+    layers: list[_BatchNorm]
+    means: list[Tensor] = field(default_factory=list)
+    variances: list[Tensor] = field(default_factory=list)
+    counts: list[Tensor | None] = field(default_factory=list)
+    momenta: list[float | None] = field(default_factory=list)
+
+    def restore(self) -> None:
+        """Write the saved values back into the layers' own buffers (in place, so references stay valid)."""
+        with torch.no_grad():
+            for i, bn in enumerate(self.layers):
+                bn.running_mean.copy_(self.means[i])
+                bn.running_var.copy_(self.variances[i])
+                if bn.num_batches_tracked is not None and self.counts[i] is not None:
+                    bn.num_batches_tracked.copy_(self.counts[i])
+                bn.momentum = self.momenta[i]
+
+
+def snapshot_batchnorm(model: nn.Module) -> BatchNormSnapshot:
+    """Save the running statistics of every BatchNorm layer of ``model``."""
+    layers = batchnorm_layers(model)
+    with torch.no_grad():
+        return BatchNormSnapshot(
+            layers,
+            [bn.running_mean.clone() for bn in layers],
+            [bn.running_var.clone() for bn in layers],
+            [bn.num_batches_tracked.clone() if bn.num_batches_tracked is not None else None for bn in layers],
+            [bn.momentum for bn in layers],
+        )
+
+
+def _call(model: nn.Module, inputs: Any) -> Any:
+    return model(inputs)
+
+
+def recalibrate_batchnorm(model: nn.Module, inputs: Iterable[Any], forward: Forward | None = None) -> int:
+    """Re-estimate the BatchNorm running statistics of ``model`` on ``inputs``; returns the batches used.
+
+    The statistics become the plain average over the given batches (``momentum=None``). Only the BatchNorm
+    layers run in training mode: dropout and every other module stay in eval mode, so the statistics are
+    those of the activations that evaluation will see. No gradients are computed and no weight changes.
+    Afterwards every module's train/eval mode and each layer's momentum are as they were; take a
+    :func:`snapshot_batchnorm` first to be able to undo the new statistics. With no inputs nothing changes.
+
+    Args:
+        model: the network (a ``LightningModule`` works: its ``forward`` is called).
+        inputs: the batches to run, each passed to ``forward``.
+        forward: ``forward(model, batch)``; defaults to ``model(batch)``.
+
+    Example::
+
+        >>> net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4))
+        >>> recalibrate_batchnorm(net, [torch.randn(8, 1, 16, 16) + 3.0 for _ in range(4)])
+        4
+        >>> bool(net[1].running_mean.abs().sum() > 0), net[1].momentum, net.training
+        (True, 0.1, True)
+    """
+    layers = batchnorm_layers(model)
+    if not layers:
+        return 0
+    batches = iter(inputs)
+    first = next(batches, None)
+    if first is None:
+        return 0
+    forward = forward or _call
+    modes = [(m, m.training) for m in model.modules()]
+    momenta = [bn.momentum for bn in layers]
+    used = 0
+    try:
+        model.eval()
+        for bn in layers:
+            bn.reset_running_stats()
+            bn.momentum = None  # cumulative average over the calibration batches
+            bn.train()
+        with torch.no_grad():
+            for batch in (first, *batches):
+                forward(model, batch)
+                used += 1
+    finally:
+        for module, training in modes:
+            module.training = training
+        for bn, momentum in zip(layers, momenta, strict=True):
+            bn.momentum = momentum
+    return used
+
+
+def pool_batchnorm_statistics(model: nn.Module, mean_across: Callable[[Tensor], Tensor]) -> None:
+    """Replace each layer's statistics by those of the union of all processes' calibration samples.
+
+    ``mean_across(t)`` must return the mean of ``t`` over the processes (e.g. a DDP strategy's ``reduce``).
+    With equally many samples per process the pooled mean is the mean of the means, and the pooled
+    variance is the mean of ``var + mean**2`` minus the pooled mean squared.
+    """
+    with torch.no_grad():
+        for bn in batchnorm_layers(model):
+            mean = bn.running_mean.detach().clone().float()
+            second = bn.running_var.detach().clone().float() + mean**2
+            pooled_mean = mean_across(mean)
+            pooled_var = (mean_across(second) - pooled_mean**2).clamp_min(0)
+            bn.running_mean.copy_(pooled_mean.to(bn.running_mean.dtype))
+            bn.running_var.copy_(pooled_var.to(bn.running_var.dtype))

@@ -1,0 +1,299 @@
+"""Pure ops behind progressive resizing: the schedules, the target sizes and the batch resize and crop.
+
+Two schedules, as users of Composer and FFCV know them:
+
+* :func:`progressive_scale` (Composer's shape): the scale is ``initial_scale`` until ``delay_fraction`` of
+  training, rises linearly to 1 by ``1 - finetune_fraction``, and stays at 1 (full size) after that;
+* :func:`ramp_resolution` (FFCV's shape): a resolution in pixels, ``min_res`` up to epoch ``start_ramp``,
+  ``max_res`` from epoch ``end_ramp``, linear in between and rounded to a multiple of ``round_to`` (32).
+
+A :class:`ResizePlan` holds what either schedule decided for one batch, and :meth:`ResizePlan.size_for`
+turns it into the ``(height, width)`` of that batch, each side rounded to a multiple of ``size_increment``.
+The same plan object is used on the device and inside DataLoader workers, so both give identical sizes.
+
+Conventions: images are ``(N, C, H, W)`` tensors; dense targets (masks) are ``(N, H, W)`` or
+``(N, C, H, W)`` with the images' ``H, W``; nothing is modified in place; randomness comes from an explicit
+``torch.Generator``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+#: interpolation modes for images; masks always use a nearest mode (see :func:`resize_masks`).
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
+
+Size = tuple[int, int]
+
+
+# ---------------------------------------------------------------------------------------------- schedules
+def progressive_scale(
+    progress: float, initial_scale: float = 0.5, delay_fraction: float = 0.5, finetune_fraction: float = 0.2
+) -> float:
+    """The scale of the inputs at ``progress`` (fraction of training done, in [0, 1]); Composer's schedule.
+
+    ``initial_scale`` while ``progress < delay_fraction``; then linear from ``initial_scale`` to 1 until
+    ``1 - finetune_fraction``; 1 from there on. With ``delay_fraction + finetune_fraction == 1`` the ramp is a
+    step at ``delay_fraction``.
+
+    Example::
+
+        >>> [progressive_scale(p, 0.5, 0.5, 0.2) for p in (0.0, 0.5, 0.65, 0.8, 1.0)]
+        [0.5, 0.5, 0.75, 1.0, 1.0]
+    """
+    _check_schedule(initial_scale, delay_fraction, finetune_fraction)
+    if progress < delay_fraction:
+        return float(initial_scale)
+    ramp = 1.0 - finetune_fraction - delay_fraction
+    done = 1.0 if ramp <= 0 else min(1.0, (progress - delay_fraction) / ramp)
+    return float(initial_scale + (1.0 - initial_scale) * done)
+
+
+def ramp_resolution(
+    epoch: float, min_res: int, max_res: int, start_ramp: float, end_ramp: float, round_to: int = 32
+) -> int:
+    """The training resolution at ``epoch``; FFCV's schedule.
+
+    ``min_res`` up to ``start_ramp``, ``max_res`` from ``end_ramp``, in between the linear interpolation
+    rounded to the nearest multiple of ``round_to``.
+
+    Example::
+
+        >>> [ramp_resolution(e, 160, 192, start_ramp=10, end_ramp=13) for e in (0, 10, 11, 12, 13, 20)]
+        [160, 160, 160, 192, 192, 192]
+    """
+    if min_res > max_res:
+        raise ValueError(f"`min_res` ({min_res}) must be <= `max_res` ({max_res}).")
+    if end_ramp < start_ramp:
+        raise ValueError(f"`end_ramp` ({end_ramp}) must be >= `start_ramp` ({start_ramp}).")
+    if round_to < 1:
+        raise ValueError(f"`round_to` must be >= 1, got {round_to!r}.")
+    if epoch <= start_ramp:
+        return int(min_res)
+    if epoch >= end_ramp:
+        return int(max_res)
+    res = min_res + (max_res - min_res) * (epoch - start_ramp) / (end_ramp - start_ramp)
+    return round(res / round_to) * round_to
+
+
+def _check_schedule(initial_scale: float, delay_fraction: float, finetune_fraction: float) -> None:
+    if not 0.0 < initial_scale <= 1.0:
+        raise ValueError(f"`initial_scale` must be in (0, 1], got {initial_scale!r}.")
+    if not (0.0 <= delay_fraction <= 1.0 and 0.0 <= finetune_fraction <= 1.0):
+        raise ValueError(
+            f"`delay_fraction` and `finetune_fraction` must be in [0, 1], got {delay_fraction!r} and "
+            f"{finetune_fraction!r}."
+        )
+    if delay_fraction + finetune_fraction > 1.0 + 1e-12:
+        raise ValueError(
+            f"`delay_fraction + finetune_fraction` must be <= 1, got {delay_fraction!r} + {finetune_fraction!r}."
+        )
+
+
+# ---------------------------------------------------------------------------------------------- sizes
+def round_side(full: int, scale: float, size_increment: int = 4) -> int:
+    """``full * scale`` rounded to the nearest multiple of ``size_increment``, within [increment, full].
+
+    A scale of 1 or more gives ``full`` unchanged (even when ``full`` is not a multiple of the increment).
+    """
+    if size_increment < 1:
+        raise ValueError(f"`size_increment` must be >= 1, got {size_increment!r}.")
+    if scale >= 1.0:
+        return int(full)
+    side = round(full * scale / size_increment) * size_increment
+    return int(min(full, max(size_increment, side)))
+
+
+def scaled_size(size: Size, scale: float, size_increment: int = 4) -> Size:
+    """``(H, W)`` scaled by ``scale``, each side rounded to a multiple of ``size_increment`` (full at scale 1).
+
+    Example::
+
+        >>> scaled_size((224, 224), 0.5), scaled_size((224, 160), 0.63, 8), scaled_size((30, 30), 1.0)
+        ((112, 112), (144, 104), (30, 30))
+    """
+    if scale <= 0:
+        raise ValueError(f"`scale` must be > 0, got {scale!r}.")
+    return round_side(size[0], scale, size_increment), round_side(size[1], scale, size_increment)
+
+
+def resolution_size(size: Size, resolution: int, size_increment: int = 4) -> Size:
+    """The size whose shorter side is ``resolution`` (the longer one scaled alike), as ``Resize(int)`` does.
+
+    The longer side is rounded to a multiple of ``size_increment``. ``resolution`` may exceed the shorter
+    side (the images are then upsampled).
+
+    Example::
+
+        >>> resolution_size((256, 256), 160), resolution_size((240, 320), 160, 8)
+        ((160, 160), (160, 216))
+    """
+    if resolution < 1:
+        raise ValueError(f"`resolution` must be >= 1, got {resolution!r}.")
+    h, w = size
+    if h <= w:
+        long_side = max(size_increment, round(w * resolution / h / size_increment) * size_increment)
+        return int(resolution), int(long_side)
+    long_side = max(size_increment, round(h * resolution / w / size_increment) * size_increment)
+    return int(long_side), int(resolution)
+
+
+@dataclass(frozen=True)
+class ResizePlan:
+    """What a schedule decided for one batch: a ``scale`` of the full size, or an absolute ``resolution``.
+
+    Small and picklable: in pipeline mode it travels with each sample index into DataLoader workers.
+
+    Args:
+        scale: fraction of the full size (1.0 = full size); used when ``resolution`` is ``None``.
+        resolution: the shorter side in pixels (the FFCV-style ramp), or ``None``.
+        size_increment: sides are rounded to a multiple of this.
+
+    Example::
+
+        >>> ResizePlan(scale=0.5).size_for((64, 48)), ResizePlan(resolution=32).size_for((64, 48))
+        ((32, 24), (44, 32))
+    """
+
+    scale: float = 1.0
+    resolution: int | None = None
+    size_increment: int = 4
+
+    @property
+    def is_full(self) -> bool:
+        """Whether this plan leaves every input at its own size."""
+        return self.resolution is None and self.scale >= 1.0
+
+    def size_for(self, size: Size) -> Size:
+        """The ``(height, width)`` an input of ``size`` gets under this plan."""
+        size = (int(size[0]), int(size[1]))
+        if self.resolution is not None:
+            return resolution_size(size, self.resolution, self.size_increment)
+        return scaled_size(size, self.scale, self.size_increment)
+
+
+# ---------------------------------------------------------------------------------------------- batch ops
+def check_image_batch(x: object, who: str = "resize") -> Tensor:
+    """Return ``x`` if it is an ``(N, C, H, W)`` tensor, else raise an error naming what it got."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{who} needs an image batch tensor (N, C, H, W), got {type(x).__name__}.")
+    if x.ndim != 4:
+        raise ValueError(
+            f"{who} works on image batches of shape (N, C, H, W), got a tensor of shape {tuple(x.shape)}. "
+            "Point `input_key` at the images, or leave this callback out for non-image inputs."
+        )
+    return x
+
+
+def resize_images(x: Tensor, size: Size, interpolation: str = "bilinear", antialias: bool = True) -> Tensor:
+    """Resize ``(N, C, H, W)`` images to ``size``; ``antialias`` applies to bilinear and bicubic downsizing.
+
+    Returns ``x`` itself when it already has ``size``.
+    """
+    check_image_batch(x, "resize_images")
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"`interpolation` must be one of {INTERPOLATIONS}, got {interpolation!r}.")
+    size = (int(size[0]), int(size[1]))
+    if tuple(x.shape[-2:]) == size:
+        return x
+    if interpolation == "nearest":
+        return F.interpolate(x, size=size, mode="nearest")
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{interpolation} interpolation needs floating-point images, got dtype {x.dtype}. Convert the "
+            "images to float first, or use interpolation='nearest' or mode='crop'."
+        )
+    return F.interpolate(x, size=size, mode=interpolation, align_corners=False, antialias=antialias)
+
+
+def _nearest_index(in_len: int, out_len: int, mode: str, device: torch.device) -> Tensor:
+    # The same kernel as for the images, on an index ramp: masks land exactly where the image pixels do.
+    ramp = torch.arange(in_len, dtype=torch.float32, device=device).view(1, 1, in_len)
+    return F.interpolate(ramp, size=out_len, mode=mode).view(out_len).long()
+
+
+def resize_masks(mask: Tensor, size: Size, interpolation: str = "nearest") -> Tensor:
+    """Resize dense targets ``(N, H, W)`` or ``(N, C, H, W)`` of any dtype to ``size``, by nearest sampling.
+
+    Label values are never blended. With ``interpolation="nearest"`` the samples are exactly those the images
+    get from ``resize_images(..., "nearest")``; for bilinear or bicubic images the pixel-centre-aligned
+    ``nearest-exact`` sampling is used, which matches their geometry (``align_corners=False``).
+    """
+    if mask.ndim not in (3, 4):
+        raise ValueError(f"Dense targets must be (N, H, W) or (N, C, H, W), got shape {tuple(mask.shape)}.")
+    size = (int(size[0]), int(size[1]))
+    if tuple(mask.shape[-2:]) == size:
+        return mask
+    mode = "nearest" if interpolation == "nearest" else "nearest-exact"
+    rows = _nearest_index(mask.shape[-2], size[0], mode, mask.device)
+    cols = _nearest_index(mask.shape[-1], size[1], mode, mask.device)
+    return mask.index_select(-2, rows).index_select(-1, cols)
+
+
+def crop_offsets(
+    n: int, in_size: Size, out_size: Size, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
+    """Uniform top-left corners ``(tops, lefts)`` of ``n`` crops of ``out_size`` inside ``in_size``."""
+    if out_size[0] > in_size[0] or out_size[1] > in_size[1]:
+        raise ValueError(f"A crop of {tuple(out_size)} does not fit in images of {tuple(in_size)}.")
+    tops = torch.randint(in_size[0] - out_size[0] + 1, (n,), generator=generator)
+    lefts = torch.randint(in_size[1] - out_size[1] + 1, (n,), generator=generator)
+    return tops, lefts
+
+
+def crop_at(x: Tensor, size: Size, tops: Tensor, lefts: Tensor) -> Tensor:
+    """Crop sample ``i`` of ``(N, ..., H, W)`` at ``(tops[i], lefts[i])`` to ``size``; any dtype."""
+    n = x.shape[0]
+    tops, lefts = tops.to(x.device), lefts.to(x.device)
+    rows = tops[:, None] + torch.arange(size[0], device=x.device)  # (N, h)
+    cols = lefts[:, None] + torch.arange(size[1], device=x.device)  # (N, w)
+    batch = torch.arange(n, device=x.device)
+    if x.ndim == 3:
+        return x[batch[:, None, None], rows[:, :, None], cols[:, None, :]]
+    # advanced indices around a slice put the indexed dims first: (N, h, w, C) -> (N, C, h, w)
+    out = x[batch[:, None, None], :, rows[:, :, None], cols[:, None, :]]
+    return out.permute(0, 3, 1, 2).contiguous()
+
+
+def resize_batch(
+    x: Tensor,
+    size: Size,
+    mode: str = "resize",
+    interpolation: str = "bilinear",
+    antialias: bool = True,
+    mask: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Bring a batch of images (and optionally their masks) to ``size``: ``(new_x, new_mask)``.
+
+    ``mode="resize"`` interpolates the images (masks by nearest sampling); ``mode="crop"`` takes a random
+    crop per sample, the same region from the images and the masks. The result has ``size`` exactly.
+
+    Example::
+
+        >>> x, m = torch.rand(2, 3, 32, 32), torch.randint(0, 5, (2, 32, 32))
+        >>> nx, nm = resize_batch(x, (16, 16), mode="crop", mask=m, generator=torch.Generator().manual_seed(0))
+        >>> tuple(nx.shape), tuple(nm.shape)
+        ((2, 3, 16, 16), (2, 16, 16))
+    """
+    check_image_batch(x, "resize_batch")
+    size = (int(size[0]), int(size[1]))
+    if mask is not None and tuple(mask.shape[-2:]) != tuple(x.shape[-2:]):
+        raise ValueError(
+            f"Dense targets must have the images' height and width: images {tuple(x.shape)}, targets "
+            f"{tuple(mask.shape)}."
+        )
+    if tuple(x.shape[-2:]) == size:
+        return x, mask
+    if mode == "resize":
+        new_mask = resize_masks(mask, size, interpolation) if mask is not None else None
+        return resize_images(x, size, interpolation, antialias), new_mask
+    if mode == "crop":
+        tops, lefts = crop_offsets(x.shape[0], (x.shape[-2], x.shape[-1]), size, generator)
+        new_mask = crop_at(mask, size, tops, lefts) if mask is not None else None
+        return crop_at(x, size, tops, lefts), new_mask
+    raise ValueError(f"`mode` must be 'resize' or 'crop', got {mode!r}.")

@@ -1,0 +1,278 @@
+"""Progressive resizing inside the data pipeline: the size of each batch reaches the dataset's transforms.
+
+Resizing on the device (after the loader) saves model compute but leaves decoding and augmentation at full
+size on the CPU, which can become the bottleneck. Here the reduced size reaches the dataset's own transforms,
+inside DataLoader worker processes, so that they work on fewer pixels.
+
+How, and why this way:
+
+* The size of a batch is decided **in the main process, per batch**, by :class:`ResolutionSampler`: it wraps
+  the training sampler and yields ``PlannedIndex(index, plan)`` pairs, every index of one batch carrying the
+  same :class:`~lightning_speedups.functional.resizing.ResizePlan`. The plan travels with the indices
+  through the DataLoader's index queue, so it reaches worker processes with fork or spawn, persistent or not,
+  with no shared state to go stale.
+* The plan is a function of the batch's position (epoch, batch number in the epoch), which tells the
+  optimizer step that batch will be trained at. Prefetching workers therefore build each batch at the size of
+  the step that consumes it: **no lag**, and a batch is always uniform, so ``default_collate`` works.
+* :class:`ResolutionDataset` wraps the dataset: for a ``PlannedIndex`` it makes the plan current (a context
+  variable, local to the worker process) while the wrapped dataset loads the sample, and the user's
+  :class:`ScheduledResize` transform (or any transform calling :func:`current_resize_plan`) reads it. Plain
+  integer indices (validation, the user's own indexing) see no plan: full size.
+
+``ProgressiveResizing(mode="pipeline")`` installs both wrappers through ``SpeedupDataModule``; users only put
+``ScheduledResize`` in their training transforms.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import math
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+from torch.utils.data import Dataset, DistributedSampler, Sampler
+
+from lightning_speedups.functional.resizing import INTERPOLATIONS, ResizePlan, Size
+
+#: ``plan_for_batch(epoch, batch_in_epoch) -> ResizePlan``, evaluated in the main process.
+PlanForBatch = Callable[[int, int], ResizePlan]
+
+# (plan, [read?]) of the sample being loaded in this process and thread; None outside ResolutionDataset.
+_CURRENT: contextvars.ContextVar[tuple[ResizePlan, list[bool]] | None] = contextvars.ContextVar(
+    "lightning_speedups_resize_plan", default=None
+)
+
+
+def current_resize_plan() -> ResizePlan | None:
+    """The plan of the training sample being loaded right now, or ``None`` (full size) outside one.
+
+    Call it from a custom transform to follow the schedule yourself, e.g.
+    ``size = plan.size_for(full) if plan else full``.
+    """
+    entry = _CURRENT.get()
+    if entry is None:
+        return None
+    entry[1][0] = True
+    return entry[0]
+
+
+class PlannedIndex(NamedTuple):
+    """A sample index together with the plan of the batch it belongs to."""
+
+    index: int
+    plan: ResizePlan
+
+
+class ResolutionDataset(Dataset):
+    """Wraps a map-style dataset so that ``dataset[PlannedIndex(i, plan)]`` loads sample ``i`` under ``plan``.
+
+    Any other key is passed through unchanged. Attributes not found here are read from the wrapped dataset.
+    The first planned sample loaded in each process checks that the transforms did read the plan, and raises
+    a clear error if not (the transform is missing from the pipeline).
+    """
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+        self._verified = False
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: Any) -> Any:
+        if not isinstance(key, PlannedIndex):
+            return self.dataset[key]
+        read = [False]
+        token = _CURRENT.set((key.plan, read))
+        try:
+            sample = self.dataset[key.index]
+        finally:
+            _CURRENT.reset(token)
+        if not self._verified:
+            if not read[0]:
+                raise RuntimeError(
+                    "ProgressiveResizing(mode='pipeline'): the training dataset's transforms never asked for "
+                    "the current size, so every batch would stay at full size. Put "
+                    "`lightning_speedups.ScheduledResize(...)` in the training dataset's transform (or call "
+                    "`lightning_speedups.pipeline.current_resize_plan()` in your own), or use mode='resize'."
+                )
+            self._verified = True
+        return sample
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataset":  # not set yet (unpickling): avoid recursing
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+class ResolutionSampler(DistributedSampler):
+    """Wraps a training sampler; yields ``PlannedIndex(index, plan)`` with one plan per batch.
+
+    Epoch handling (``epoch``, ``set_epoch``), length and ``skip_next`` (mid-epoch resume) are those of the
+    wrapped sampler. It is a ``DistributedSampler`` so that Lightning neither wraps nor replaces it under DDP;
+    the wrapped sampler must shard over ranks itself (``SpeedupDataModule``'s samplers do).
+
+    Args:
+        sampler: the sampler of sample indices.
+        batch_size: samples per batch, as the DataLoader groups them.
+        plan_for_batch: ``plan_for_batch(epoch, batch_in_epoch) -> ResizePlan``.
+    """
+
+    def __init__(self, sampler: Sampler, batch_size: int, plan_for_batch: PlanForBatch) -> None:
+        # DistributedSampler.__init__ is not called on purpose: every attribute is the wrapped sampler's.
+        self.sampler = sampler
+        self.batch_size = int(batch_size)
+        self.plan_for_batch = plan_for_batch
+        self._skip = 0
+
+    @property
+    def epoch(self) -> int:  # type: ignore[override]
+        return int(getattr(self.sampler, "epoch", 0))
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def skip_next(self, n: int) -> None:
+        """Skip the first ``n`` indices of the next pass (``n`` a multiple of the batch size)."""
+        skip = getattr(self.sampler, "skip_next", None)
+        if skip is None:
+            from lightning.pytorch.utilities import rank_zero_warn
+
+            rank_zero_warn(
+                f"The training sampler {type(self.sampler).__name__} has no `skip_next`: a run resumed "
+                "mid-epoch restarts the epoch's data from its first batch."
+            )
+            return
+        self._skip = max(0, int(n))
+        skip(n)
+
+    def __len__(self) -> int:
+        return len(self.sampler)  # type: ignore[arg-type]
+
+    def num_batches(self, drop_last: bool) -> int:
+        """Batches per pass, as a DataLoader with this batch size groups them."""
+        n = len(self)
+        return n // self.batch_size if drop_last else math.ceil(n / self.batch_size)
+
+    def __iter__(self) -> Iterator[PlannedIndex]:  # type: ignore[override]
+        # Read epoch and skip now, not when the first index is requested.
+        epoch, skip, self._skip = self.epoch, self._skip, 0
+        return self._planned(iter(self.sampler), epoch, skip // self.batch_size)
+
+    def _planned(self, indices: Iterator[int], epoch: int, first_batch: int) -> Iterator[PlannedIndex]:
+        for batch, chunk in enumerate(_chunks(indices, self.batch_size), start=first_batch):
+            plan = self.plan_for_batch(epoch, batch)
+            for index in chunk:
+                yield PlannedIndex(index, plan)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "sampler":
+            raise AttributeError(name)
+        return getattr(self.sampler, name)
+
+
+def _chunks(indices: Iterator[int], size: int) -> Iterator[list[int]]:
+    while chunk := list(itertools.islice(indices, size)):
+        yield chunk
+
+
+class ScheduledResize:
+    """A transform that brings each training sample to the size the schedule decided for its batch.
+
+    Put it in the *training* dataset's transform and use ``ProgressiveResizing(mode="pipeline")`` with a
+    ``SpeedupDataModule``. Outside training batches (validation, your own indexing) it produces the full size.
+    Works on PIL images and on ``(..., H, W)`` tensors.
+
+    Args:
+        size: the full size ``(H, W)`` (an int for a square), i.e. what the pipeline produces without
+            progressive resizing. ``None``: the size of the incoming image is the full size.
+        factory: builds the transform that produces a given size, called as ``factory((h, w))`` and cached per
+            size, e.g. ``torchvision.transforms.RandomResizedCrop``: the crop then goes straight to the
+            reduced size, and later steps work on fewer pixels. Use a class or ``functools.partial`` (not a
+            lambda) if workers are spawned. ``None``: resize the incoming image.
+        interpolation: ``"nearest"``, ``"bilinear"`` or ``"bicubic"``, when ``factory`` is ``None``.
+        antialias: antialiased downsizing of tensors (PIL images always are), when ``factory`` is ``None``.
+
+    Example::
+
+        import lightning.pytorch as pl
+        import torch
+        import torchvision.transforms.v2 as T
+        from torchvision.datasets import FakeData
+        from lightning_speedups import ProgressiveResizing, ScheduledResize, SpeedupDataModule
+        from lightning_speedups.demo import ImageClassifier
+
+        class Images(SpeedupDataModule):
+            def setup(self, stage):
+                # RandomResizedCrop straight to this batch's size, then the rest on fewer pixels
+                crop = ScheduledResize(64, factory=T.RandomResizedCrop)
+                steps = T.Compose([crop, T.ToImage(), T.ToDtype(torch.float32, scale=True)])
+                self.train_dataset = FakeData(256, image_size=(3, 96, 96), num_classes=10, transform=steps)
+
+        trainer = pl.Trainer(max_epochs=2, callbacks=[ProgressiveResizing(mode="pipeline")], logger=False)
+        trainer.fit(ImageClassifier(in_channels=3, widths=(8, 16)), datamodule=Images(batch_size=32, num_workers=2))
+    """
+
+    def __init__(
+        self,
+        size: int | Size | None = None,
+        factory: Callable[[Size], Callable[[Any], Any]] | None = None,
+        interpolation: str = "bilinear",
+        antialias: bool = True,
+    ) -> None:
+        if isinstance(size, int) and not isinstance(size, bool):
+            size = (size, size)
+        if size is not None and not (
+            isinstance(size, tuple | list) and len(size) == 2 and all(isinstance(s, int) and s > 0 for s in size)
+        ):
+            raise ValueError(f"`size` must be None, a positive int or a pair of them (H, W); got {size!r}.")
+        if factory is not None and size is None:
+            raise ValueError("`factory` builds a transform for a size: give the full `size` with it.")
+        if factory is not None and not callable(factory):
+            raise TypeError(
+                f"`factory` must be callable, e.g. torchvision.transforms.RandomResizedCrop; got {factory!r}."
+            )
+        if interpolation not in INTERPOLATIONS:
+            raise ValueError(f"`interpolation` must be one of {INTERPOLATIONS}, got {interpolation!r}.")
+        self.size: Size | None = (int(size[0]), int(size[1])) if size is not None else None
+        self.factory = factory
+        self.interpolation = interpolation
+        self.antialias = bool(antialias)
+        self._built: dict[Size, Callable[[Any], Any]] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(size={self.size}, factory={self.factory!r}, interpolation={self.interpolation!r})"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_built": {}}  # workers rebuild what they need
+
+    def target_size(self, image: Any) -> Size:
+        """The size this transform gives ``image`` now."""
+        plan = current_resize_plan()
+        full = self.size if self.size is not None else _image_size(image)
+        return full if plan is None else plan.size_for(full)
+
+    def __call__(self, image: Any) -> Any:
+        size = self.target_size(image)
+        if self.factory is not None:
+            transform = self._built.get(size)
+            if transform is None:
+                transform = self._built[size] = self.factory(size)
+            return transform(image)
+        if _image_size(image) == size:
+            return image
+        import torchvision.transforms.v2.functional as TF
+        from torchvision.transforms import InterpolationMode
+
+        mode = InterpolationMode(self.interpolation)
+        return TF.resize(image, list(size), interpolation=mode, antialias=self.antialias)
+
+
+def _image_size(image: Any) -> Size:
+    import torchvision.transforms.v2.functional as TF
+
+    h, w = TF.get_size(image)
+    return int(h), int(w)

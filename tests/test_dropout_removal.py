@@ -1,0 +1,121 @@
+"""DropoutRemoval in real `Trainer.fit` runs: inert dropouts after `start`, determinism, resume, logs, warnings."""
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import Tensor, nn
+
+from lightning_speedups import DropoutRemoval, SpeedupWarning
+from lightning_speedups.functional import find_dropout
+from tests.helpers import NUM_CLASSES, ImagesDataModule, MemoryLogger, RecordingModule, loaders, trainer, unpack
+from tests.test_functional_dropout_batchnorm import EveryDropout
+
+SITES = 20  # the non-zero dropouts of EveryDropout
+
+
+class DropoutModule(LightningModule):
+    """Images (N, 1, 8, 8) as 8 tokens of 6 features through every kind of dropout; checks itself each step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = EveryDropout()
+        self.head = nn.Linear(16, NUM_CLASSES)
+        self.log_steps: list[tuple[int, bool, bool]] = []
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.body(x[:, 0, :, :6]).mean(1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = unpack(batch)
+        inert = all(site.value == 0 for site in find_dropout(self))
+        with torch.no_grad(), torch.random.fork_rng():  # two train-mode passes with different random draws
+            torch.manual_seed(100 + batch_idx)
+            a = self(x)
+            torch.manual_seed(200 + batch_idx)
+            deterministic = torch.equal(a, self(x))
+        self.log_steps.append((self.trainer.global_step, inert, deterministic))
+        return F.cross_entropy(self(x), y)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def test_dropout_is_inert_from_start_and_outputs_become_deterministic():
+    model = DropoutModule()
+    cb = DropoutRemoval(start=0.5)
+    trainer(callbacks=[cb], max_epochs=4).fit(model, loaders("list")[0])  # 16 steps
+    assert [s for s, _, _ in model.log_steps] == list(range(16))
+    assert [inert for _, inert, _ in model.log_steps] == [False] * 8 + [True] * 8
+    assert [det for _, _, det in model.log_steps] == [False] * 8 + [True] * 8  # in train mode
+    # the model is handed back as it came: dropout on again after fit
+    assert sum(site.value > 0 for site in find_dropout(model)) == SITES and cb.removed == 0
+
+
+def test_start_zero_removes_before_the_first_step():
+    model = DropoutModule()
+    trainer(callbacks=[DropoutRemoval()], max_steps=2).fit(model, loaders("list")[0])
+    assert [(inert, det) for _, inert, det in model.log_steps] == [(True, True)] * 2
+
+
+def test_logs_how_many_it_switched_off():
+    logger = MemoryLogger()
+    trainer(callbacks=[DropoutRemoval(start=0.5)], max_epochs=2, logger=logger, log_every_n_steps=1).fit(
+        DropoutModule(), loaders("list")[0]
+    )
+    removed = dict(logger.history["dropout_removal/removed"])
+    assert removed[0] == removed[3] == 0 and removed[7] == SITES
+    assert removed[4] == SITES  # logged at the step it happened, before the step's own cadence
+
+
+def test_a_model_without_dropout_gets_a_warning_not_an_error():
+    model = RecordingModule()
+    with pytest.warns(SpeedupWarning, match="no dropout"):
+        trainer(callbacks=[DropoutRemoval()], max_steps=2).fit(model, loaders("list")[0])
+    assert len(model.train_batches) == 2
+
+
+@pytest.mark.parametrize("step", [3, 10], ids=["before-start", "after-start"])
+def test_resume_keeps_dropout_where_the_uninterrupted_run_had_it(tmp_path, step):
+    seed_everything(3)
+    full = DropoutModule()
+    cbs = [DropoutRemoval(start=0.5), ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)]
+    trainer(callbacks=cbs, max_epochs=4, enable_checkpointing=True).fit(full, datamodule=ImagesDataModule(n=64))
+    (ckpt,) = tmp_path.glob(f"*step={step}.ckpt")
+    seed_everything(3)
+    resumed = DropoutModule()
+    trainer(callbacks=[DropoutRemoval(start=0.5)], max_epochs=4).fit(
+        resumed, datamodule=ImagesDataModule(n=64), ckpt_path=str(ckpt)
+    )
+    assert resumed.log_steps == full.log_steps[step:]
+    assert resumed.log_steps[0][1] is (step >= 8)  # removed from the first resumed step only after `start`
+    if step >= 8:  # no random draws left: the resumed run ends with the uninterrupted run's weights
+        for a, b in zip(full.state_dict().values(), resumed.state_dict().values(), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("start", [-0.1, 1.5, "half"])
+def test_bad_start(start):
+    with pytest.raises((ValueError, TypeError), match="`start`"):
+        DropoutRemoval(start=start)
+
+
+def test_modules_built_in_configure_model_are_found():
+    class Late(DropoutModule):
+        def __init__(self):
+            super().__init__()
+            self.body = None
+
+        def configure_model(self):
+            if self.body is None:
+                self.body = EveryDropout()
+
+    model = Late()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)  # no "nothing to remove" warning
+        trainer(callbacks=[DropoutRemoval()], max_steps=1).fit(model, loaders("list")[0])
+    assert model.log_steps[0][1:] == (True, True)

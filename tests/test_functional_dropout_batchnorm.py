@@ -1,0 +1,193 @@
+"""Finding and switching off every dropout; re-estimating, restoring and pooling BatchNorm statistics."""
+
+import pytest
+import torch
+from torch import Tensor, nn
+from torchvision.ops import StochasticDepth
+
+from lightning_speedups.functional import (
+    batchnorm_layers,
+    disable_dropout,
+    find_dropout,
+    pool_batchnorm_statistics,
+    recalibrate_batchnorm,
+    restore_dropout,
+    snapshot_batchnorm,
+)
+
+
+class DropPath(nn.Module):
+    """timm's DropPath, as far as its interface goes (timm is not installed)."""
+
+    def __init__(self, drop_prob: float = 0.0) -> None:
+        super().__init__()
+        self.drop_prob = drop_prob
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.drop_prob == 0.0 or not self.training:
+            return x
+        keep = (torch.rand(x.shape[0], *([1] * (x.ndim - 1))) >= self.drop_prob).to(x)
+        return x * keep / (1 - self.drop_prob)
+
+
+class EveryDropout(nn.Module):
+    """One of each kind of dropout the issue lists, in a model that runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(6, 16)
+        self.drop = nn.Dropout(0.3)
+        self.alpha = nn.AlphaDropout(0.2)
+        self.feature_alpha = nn.FeatureAlphaDropout(0.2)
+        self.d1 = nn.Dropout1d(0.2)
+        self.d2 = nn.Dropout2d(0.2)
+        self.d3 = nn.Dropout3d(0.2)
+        self.mha = nn.MultiheadAttention(16, 2, dropout=0.25, batch_first=True)
+        self.encoder = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True)
+        self.decoder = nn.TransformerDecoderLayer(16, 2, 32, dropout=0.1, batch_first=True)
+        self.lstm = nn.LSTM(16, 16, num_layers=2, dropout=0.2, batch_first=True)
+        self.depth = StochasticDepth(0.3, mode="row")
+        self.path = DropPath(0.3)
+        self.off = nn.Dropout(0.0)  # already off: not counted as removed
+
+    def forward(self, x: Tensor) -> Tensor:  # x: (N, L, 6)
+        h = self.feature_alpha(self.alpha(self.drop(self.inp(x))))  # (N, L, 16)
+        h = self.d1(h)  # channels = L
+        h = self.d2(h.unsqueeze(-1)).squeeze(-1)
+        h = self.d3(h.unsqueeze(-1).unsqueeze(-1)).squeeze(-1).squeeze(-1)
+        h = h + self.mha(h, h, h, need_weights=False)[0]
+        h = self.encoder(h)
+        h = self.decoder(h, h)
+        h = self.lstm(h)[0]
+        return self.off(self.path(h) + self.depth(h))
+
+
+def test_every_kind_is_found_and_switched_off():
+    model = EveryDropout()
+    sites = find_dropout(model)
+    found = {(s.name, s.attribute) for s in sites}
+    for expected in [
+        ("drop", "p"),
+        ("alpha", "p"),
+        ("feature_alpha", "p"),
+        ("d1", "p"),
+        ("d2", "p"),
+        ("d3", "p"),
+        ("mha", "dropout"),
+        ("encoder.self_attn", "dropout"),
+        ("encoder.dropout", "p"),
+        ("encoder.dropout1", "p"),
+        ("encoder.dropout2", "p"),
+        ("decoder.self_attn", "dropout"),
+        ("decoder.multihead_attn", "dropout"),
+        ("decoder.dropout3", "p"),
+        ("lstm", "dropout"),
+        ("depth", "p"),
+        ("path", "drop_prob"),
+        ("off", "p"),
+    ]:
+        assert expected in found, expected
+    removed = disable_dropout(model)
+    assert len(removed) == len(sites) - 1  # all but the one already at 0
+    assert all(s.value > 0 for s in removed) and ("off", "p") not in {(s.name, s.attribute) for s in removed}
+    assert all(s.value == 0 for s in find_dropout(model))
+    restore_dropout(model, removed)
+    assert {(s.name, s.attribute, s.value) for s in find_dropout(model)} == {
+        (s.name, s.attribute, s.value) for s in sites
+    }
+
+
+def test_train_mode_outputs_become_deterministic():
+    torch.manual_seed(0)
+    model = EveryDropout().train()
+    x = torch.randn(4, 5, 6)
+
+    def twice() -> tuple[Tensor, Tensor]:
+        torch.manual_seed(1)
+        a = model(x)
+        torch.manual_seed(2)
+        return a, model(x)
+
+    a, b = twice()
+    assert not torch.allclose(a, b)  # dropout draws differ: the check below can fail
+    disable_dropout(model)
+    a, b = twice()
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    model.eval()
+    torch.testing.assert_close(model(x), a, rtol=1e-5, atol=1e-6)  # and equal to eval mode (no BatchNorm here)
+
+
+def test_a_model_without_dropout_has_no_sites():
+    assert find_dropout(nn.Sequential(nn.Linear(2, 2), nn.ReLU())) == []
+    assert disable_dropout(nn.Linear(2, 2)) == []
+
+
+# ---------------------------------------------------------------------------------------------- BatchNorm
+def bn_net() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.BatchNorm2d(3), nn.Dropout(0.5), nn.BatchNorm2d(3))
+
+
+def test_recalibration_is_the_average_of_batch_statistics():
+    torch.manual_seed(0)
+    net = bn_net()
+    net.train()
+    net[1].momentum = 0.3
+    batches = [torch.randn(8, 1, 6, 6) * (i + 1) + i for i in range(3)]
+    before = snapshot_batchnorm(net)
+    assert recalibrate_batchnorm(net, batches) == 3
+    # by hand: the conv output's per-channel batch means and unbiased variances, averaged over batches
+    with torch.no_grad():
+        feats = [net[0](b) for b in batches]
+    means = torch.stack([f.mean((0, 2, 3)) for f in feats]).mean(0)
+    variances = torch.stack([f.var((0, 2, 3), unbiased=True) for f in feats]).mean(0)
+    torch.testing.assert_close(net[1].running_mean, means, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(net[1].running_var, variances, rtol=1e-4, atol=1e-5)
+    assert int(net[1].num_batches_tracked) == 3
+    # every module back in its mode; momentum back
+    assert all(m.training for m in net.modules()) and net[1].momentum == 0.3
+    # dropout stayed in eval mode during calibration: the second BatchNorm saw un-dropped activations
+    with torch.no_grad():
+        normed = [
+            (f - f.mean((0, 2, 3), keepdim=True)) / (f.var((0, 2, 3), keepdim=True, unbiased=False) + 1e-5).sqrt()
+            for f in feats
+        ]
+    assert torch.allclose(net[3].running_var, torch.stack([n.var((0, 2, 3)) for n in normed]).mean(0), atol=1e-3)
+    before.restore()
+    assert torch.equal(net[1].running_mean, torch.zeros(3)) and int(net[1].num_batches_tracked) == 0
+
+
+def test_recalibration_restores_eval_mode_and_ignores_empty_input():
+    net = bn_net().eval()
+    assert recalibrate_batchnorm(net, []) == 0 and torch.equal(net[1].running_var, torch.ones(3))
+    recalibrate_batchnorm(net, [torch.randn(4, 1, 5, 5) + 5], forward=lambda m, x: m(x * 2))
+    assert not any(m.training for m in net.modules())
+    assert net[1].running_mean.abs().sum() > 0
+    assert recalibrate_batchnorm(nn.Linear(2, 2), [torch.randn(1, 2)]) == 0  # no BatchNorm: nothing to do
+    assert batchnorm_layers(nn.Sequential(nn.BatchNorm1d(2, track_running_stats=False))) == []
+
+
+def test_pooling_gives_the_statistics_of_the_union():
+    torch.manual_seed(0)
+    a, b = torch.randn(50, 3) + 1, torch.randn(50, 3) * 3 - 1
+    nets = [nn.BatchNorm1d(3), nn.BatchNorm1d(3)]
+    for net, data in zip(nets, (a, b), strict=True):
+        net.running_mean.copy_(data.mean(0))
+        net.running_var.copy_(data.var(0, unbiased=False))
+    # a 2-process mean as an all-reduce would compute it on process 0, process 1's tensors being known
+    other = iter([nets[1].running_mean.clone(), nets[1].running_var + nets[1].running_mean ** 2])
+    pool_batchnorm_statistics(nets[0], lambda t: (t + next(other)) / 2)
+    pooled_mean = (a.mean(0) + b.mean(0)) / 2
+    union = torch.cat([a, b])
+    torch.testing.assert_close(nets[0].running_mean, pooled_mean)
+    torch.testing.assert_close(nets[0].running_var, union.var(0, unbiased=False), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("momentum", [None, 0.1])
+def test_snapshot_restores_in_place(momentum):
+    net = bn_net()
+    net[1].momentum = momentum
+    buffer = net[1].running_mean
+    snap = snapshot_batchnorm(net)
+    recalibrate_batchnorm(net, [torch.randn(4, 1, 5, 5) + 3])
+    snap.restore()
+    assert net[1].running_mean is buffer and torch.equal(buffer, torch.zeros(3)) and net[1].momentum == momentum

@@ -1,0 +1,236 @@
+"""Schedules, sizes and the resize/crop ops of progressive resizing, against hand computations."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lightning_speedups.functional import (
+    ResizePlan,
+    crop_at,
+    progressive_scale,
+    ramp_resolution,
+    resize_batch,
+    resize_images,
+    resize_masks,
+    resolution_size,
+    scaled_size,
+)
+
+
+# ---------------------------------------------------------------------------------------------- schedules
+@pytest.mark.parametrize(
+    ("progress", "expected"),
+    [
+        (0.0, 0.5),
+        (0.3, 0.5),
+        (0.4999, 0.5),
+        (0.5, 0.5),
+        (0.6, 0.5 + 0.5 * (0.6 - 0.5) / 0.3),  # on the ramp: 0.6667
+        (0.65, 0.75),
+        (0.8, 1.0),
+        (0.9, 1.0),
+        (1.0, 1.0),
+    ],
+)
+def test_composer_schedule_at_chosen_points(progress, expected):
+    assert progressive_scale(progress, 0.5, 0.5, 0.2) == pytest.approx(expected)
+
+
+def test_the_issue_schedule_and_a_step_ramp():
+    # 0.5 / 0.4 / 0.2: held until 40%, full size from 80%, linear in between
+    assert [round(progressive_scale(p, 0.5, 0.4, 0.2), 4) for p in (0.2, 0.4, 0.5, 0.6, 0.7, 0.8)] == [
+        0.5,
+        0.5,
+        0.625,
+        0.75,
+        0.875,
+        1.0,
+    ]
+    # delay + finetune == 1: a step from initial_scale to 1 at delay_fraction
+    assert progressive_scale(0.59, 0.25, 0.6, 0.4) == 0.25
+    assert progressive_scale(0.6, 0.25, 0.6, 0.4) == 1.0
+
+
+@given(
+    p=st.floats(0, 1),
+    scale=st.floats(0.05, 1),
+    delay=st.floats(0, 1),
+    finetune=st.floats(0, 1),
+)
+@settings(max_examples=200, deadline=None)
+def test_composer_schedule_is_its_formula(p, scale, delay, finetune):
+    if delay + finetune > 1 + 1e-9:
+        with pytest.raises(ValueError, match="delay_fraction \\+ finetune_fraction"):
+            progressive_scale(p, scale, delay, finetune)
+        return
+    if delay + finetune > 1:
+        return  # within rounding of 1: either answer is fine
+    got = progressive_scale(p, scale, delay, finetune)
+    if p < delay:
+        expected = scale
+    elif p >= 1 - finetune:
+        expected = 1.0
+    else:
+        expected = scale + (1 - scale) * (p - delay) / (1 - finetune - delay)
+    assert got == pytest.approx(expected, abs=1e-9)
+    assert scale - 1e-12 <= got <= 1.0
+
+
+@pytest.mark.parametrize("epoch", [0, 5, 10, 10.5, 11, 11.9, 12, 12.5, 13, 14, 40])
+def test_ffcv_ramp_is_np_interp_rounded_to_32(epoch):
+    expected = int(np.round(np.interp(epoch, [10, 13], [160, 192]) / 32)) * 32
+    if epoch <= 10:
+        expected = 160
+    if epoch >= 13:
+        expected = 192
+    assert ramp_resolution(epoch, 160, 192, start_ramp=10, end_ramp=13) == expected
+
+
+def test_ffcv_ramp_values_by_hand():
+    # 88-epoch FFCV config shape: 160 -> 192 between epochs 65 and 76
+    values = [ramp_resolution(e, 160, 192, 65, 76) for e in range(63, 79)]
+    assert values[:3] == [160, 160, 160]  # up to and including start_ramp
+    assert values[-3:] == [192, 192, 192]  # from end_ramp on
+    assert all(v % 32 == 0 for v in values) and values == sorted(values)
+    assert ramp_resolution(70, 160, 256, 65, 75, round_to=16) == 208  # 160 + 96 * 0.5 = 208
+    assert ramp_resolution(5, 64, 64, 0, 10) == 64
+    with pytest.raises(ValueError, match="min_res"):
+        ramp_resolution(0, 200, 100, 0, 1)
+
+
+# ---------------------------------------------------------------------------------------------- sizes
+@pytest.mark.parametrize(
+    ("size", "scale", "inc", "expected"),
+    [
+        ((224, 224), 0.5, 4, (112, 112)),
+        ((224, 224), 0.51, 4, (116, 116)),  # 114.24 / 4 = 28.56 -> 29 * 4
+        ((224, 224), 0.51, 32, (128, 128)),  # 114.2 / 32 = 3.57 -> 4 * 32
+        ((32, 24), 0.75, 4, (24, 16)),  # 24; 18 / 4 = 4.5 rounds half to even -> 16 (each side on its own)
+        ((30, 30), 0.99, 4, (28, 28)),  # 29.7 -> 28, never above the full side
+        ((31, 31), 0.99, 4, (31, 31)),  # 30.69 -> 32 > 31: capped at the full side
+        ((30, 30), 1.0, 4, (30, 30)),  # full size is kept even when not a multiple
+        ((16, 16), 0.01, 4, (4, 4)),  # at least one increment
+        ((2, 2), 0.5, 4, (2, 2)),  # smaller than the increment: the full side
+    ],
+)
+def test_scaled_size_rounding(size, scale, inc, expected):
+    assert scaled_size(size, scale, inc) == expected
+
+
+@given(full=st.integers(1, 512), scale=st.floats(0.01, 1.0), inc=st.integers(1, 64))
+@settings(max_examples=300, deadline=None)
+def test_scaled_side_is_a_multiple_of_the_increment_or_full(full, scale, inc):
+    (side, _) = scaled_size((full, full), scale, inc)
+    assert 1 <= side <= full
+    assert side == full or side % inc == 0
+    if scale < 1 and inc <= full:
+        assert abs(side - full * scale) <= inc / 2 + 1e-9 or side in (inc, full)
+
+
+def test_resolution_size_is_shorter_side():
+    assert resolution_size((256, 256), 160) == (160, 160)
+    assert resolution_size((240, 320), 160, 8) == (160, 216)  # 320 * 160 / 240 = 213.3 -> 216
+    assert resolution_size((320, 240), 160, 8) == (216, 160)
+    assert ResizePlan(resolution=160, size_increment=8).size_for((320, 240)) == (216, 160)
+    assert ResizePlan(scale=0.5).size_for((64, 48)) == (32, 24)
+    assert ResizePlan().is_full and not ResizePlan(scale=0.9).is_full and not ResizePlan(resolution=64).is_full
+
+
+# ---------------------------------------------------------------------------------------------- ops
+@pytest.mark.parametrize("interpolation", ["nearest", "bilinear", "bicubic"])
+def test_resize_images_shape_and_values(interpolation):
+    x = torch.rand(3, 2, 32, 24)
+    out = resize_images(x, (16, 12), interpolation)
+    assert out.shape == (3, 2, 16, 12) and out.dtype == x.dtype
+    kwargs = {} if interpolation == "nearest" else {"align_corners": False, "antialias": True}
+    torch.testing.assert_close(out, F.interpolate(x, size=(16, 12), mode=interpolation, **kwargs))
+    assert resize_images(x, (32, 24), interpolation) is x  # nothing to do
+
+
+def test_antialias_averages_a_checkerboard():
+    board = (torch.arange(16)[:, None] + torch.arange(16)[None, :]) % 2
+    x = board.float().expand(1, 1, 16, 16)
+    smooth = resize_images(x, (8, 8), "bilinear", antialias=True)
+    aliased = resize_images(x, (8, 8), "nearest")
+    assert torch.allclose(smooth, torch.full_like(smooth, 0.5), atol=0.05)  # the mean grey
+    assert set(aliased.unique().tolist()) <= {0.0, 1.0}
+
+
+def test_masks_follow_nearest_images_exactly_and_keep_their_dtype():
+    labels = torch.randint(0, 200, (2, 1, 30, 20))
+    as_images = resize_images(labels.float(), (12, 8), "nearest")
+    masks = resize_masks(labels, (12, 8), "nearest")
+    assert masks.dtype == torch.int64 and torch.equal(masks.float(), as_images)
+    three_d = resize_masks(labels[:, 0].to(torch.uint8), (12, 8), "bilinear")
+    assert three_d.shape == (2, 12, 8) and three_d.dtype == torch.uint8
+    assert set(three_d.unique().tolist()) <= set(labels.unique().tolist())  # values are never blended
+    # pixel-centre sampling for bilinear images: 4x downsizing picks source rows 2, 6, 10, ... (nearest-exact)
+    ramp = torch.arange(16).view(1, 16, 1).expand(1, 16, 4)
+    assert resize_masks(ramp, (4, 4), "bilinear")[0, :, 0].tolist() == [2, 6, 10, 14]
+    assert resize_masks(ramp, (4, 4), "nearest")[0, :, 0].tolist() == [0, 4, 8, 12]
+
+
+def test_crop_takes_a_region_per_sample_with_its_mask():
+    x = torch.arange(4 * 2 * 10 * 12, dtype=torch.float32).view(4, 2, 10, 12)
+    mask = torch.arange(4 * 10 * 12).view(4, 10, 12)
+    g = torch.Generator().manual_seed(0)
+    out, out_mask = resize_batch(x, (6, 5), mode="crop", mask=mask, generator=g)
+    assert out.shape == (4, 2, 6, 5) and out_mask.shape == (4, 6, 5)
+    corners = set()
+    for i in range(4):
+        # each sample is a contiguous region of its own image, at the same place as its mask's region
+        top, left = divmod(int(out_mask[i, 0, 0]) - i * 120, 12)
+        corners.add((top, left))
+        assert torch.equal(out[i], x[i, :, top : top + 6, left : left + 5])
+        assert torch.equal(out_mask[i], mask[i, top : top + 6, left : left + 5])
+    assert len(corners) > 1  # offsets are drawn per sample
+    g2 = torch.Generator().manual_seed(0)
+    again, _ = resize_batch(x, (6, 5), mode="crop", generator=g2)
+    assert torch.equal(again, out)  # the generator decides everything
+    assert torch.equal(crop_at(x, (10, 12), torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long)), x)
+
+
+def test_resize_batch_resizes_masks_with_nearest():
+    x = torch.rand(2, 3, 16, 16)
+    mask = torch.randint(0, 3, (2, 16, 16))
+    out, out_mask = resize_batch(x, (8, 8), mode="resize", interpolation="bilinear", mask=mask)
+    assert out.shape == (2, 3, 8, 8) and out_mask.shape == (2, 8, 8) and out_mask.dtype == mask.dtype
+    assert torch.equal(out_mask, mask[:, 1::2, 1::2])  # nearest-exact at 2x: centres of the 2x2 cells
+
+
+@pytest.mark.parametrize(
+    ("x", "message"),
+    [
+        (torch.rand(8, 10), r"\(N, C, H, W\), got a tensor of shape \(8, 10\)"),
+        (torch.rand(8, 3, 10), r"got a tensor of shape \(8, 3, 10\)"),
+        (torch.rand(2, 3, 4, 8, 8), r"got a tensor of shape \(2, 3, 4, 8, 8\)"),
+    ],
+)
+def test_non_image_inputs_name_their_shape(x, message):
+    with pytest.raises(ValueError, match=message):
+        resize_images(x, (4, 4))
+    with pytest.raises(ValueError, match=message):
+        resize_batch(x, (4, 4))
+
+
+def test_other_bad_inputs():
+    with pytest.raises(TypeError, match=r"floating-point images, got dtype torch\.uint8"):
+        resize_images(torch.zeros(1, 1, 8, 8, dtype=torch.uint8), (4, 4), "bilinear")
+    assert resize_images(torch.zeros(1, 1, 8, 8, dtype=torch.uint8), (4, 4), "nearest").dtype == torch.uint8
+    with pytest.raises(ValueError, match="does not fit"):
+        resize_batch(torch.rand(1, 1, 8, 8), (10, 10), mode="crop")
+    with pytest.raises(ValueError, match="`mode` must be"):
+        resize_batch(torch.rand(1, 1, 8, 8), (4, 4), mode="zoom")
+    with pytest.raises(ValueError, match="height and width"):
+        resize_batch(torch.rand(1, 1, 8, 8), (4, 4), mask=torch.zeros(1, 6, 6))
+    with pytest.raises(ValueError, match="`size_increment` must be >= 1"):
+        scaled_size((8, 8), 0.5, 0)
+    for bad in (0.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match=r"`initial_scale` must be in \(0, 1\]"):
+            progressive_scale(0.5, bad)
+    assert math.isclose(progressive_scale(0.0, 1.0), 1.0)

@@ -1,0 +1,289 @@
+"""The index math of repeat-factor sampling and curricula, against hand computations, statistics and properties."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lightning_speedups.functional import sampling as fs
+from lightning_speedups.samplers import EpochListSampler, SamplingPlan
+
+# ---------------------------------------------------------------------------------------------- repeat factors
+
+
+def test_repeat_factors_by_hand():
+    # 100 samples: class 0 in all, class 1 in 4 (f = 0.04), class 2 in 1 (f = 0.01); t = 0.16
+    labels = [[0]] * 95 + [[0, 1]] * 4 + [[0, 1, 2, 2]]  # a class listed twice in a sample counts once
+    table = fs.repeat_factor_table(labels, threshold=0.16)
+    np.testing.assert_allclose(table.class_frequencies, [1.0, 0.05, 0.01])
+    np.testing.assert_allclose(table.class_factors, [1.0, math.sqrt(0.16 / 0.05), 4.0])
+    r = table.sample_factors
+    np.testing.assert_allclose(r[:95], 1.0)
+    np.testing.assert_allclose(r[95:99], math.sqrt(3.2))
+    assert r[99] == pytest.approx(4.0)  # the max over the sample's labels
+    no_sqrt = fs.repeat_factors(labels, threshold=0.16, sqrt=False)
+    assert no_sqrt[99] == pytest.approx(16.0) and no_sqrt[0] == 1.0
+
+
+def test_label_formats_agree():
+    ids = np.array([0, 0, 0, 1, 2, 0, 1, 0])
+    expected = fs.repeat_factors(ids, threshold=0.5)
+    import torch
+
+    assert expected[4] == pytest.approx(math.sqrt(0.5 / (1 / 8)))
+    np.testing.assert_allclose(fs.repeat_factors(ids.tolist(), 0.5), expected)
+    np.testing.assert_allclose(fs.repeat_factors(torch.from_numpy(ids), 0.5), expected)
+    np.testing.assert_allclose(fs.repeat_factors([[int(i)] for i in ids], 0.5), expected)
+    multi_hot = np.eye(3, dtype=bool)[ids]
+    np.testing.assert_allclose(fs.repeat_factors(multi_hot, 0.5), expected)
+    # sparse, large class ids give the same factors as their compact equivalents
+    np.testing.assert_allclose(fs.repeat_factors(ids * 10**9, 0.5), expected)
+    # samples without labels get 1 and count in the denominator of f(c)
+    r = fs.repeat_factors([[], [1], [], []], threshold=1.0)
+    np.testing.assert_allclose(r, [1.0, 2.0, 1.0, 1.0])
+
+
+@pytest.mark.parametrize(
+    ("labels", "match"),
+    [
+        ([0, -1, 2], "must be >= 0"),
+        ([[0], [-3]], "must be >= 0"),
+        (np.array([0.5, 1.0]), "must be integers"),
+        ([[0], ["cat"]], "must be integers"),
+        (np.array([[0, 2], [1, 1]]), "multi-hot"),
+        ([], "empty"),
+    ],
+)
+def test_bad_labels(labels, match):
+    with pytest.raises(ValueError, match=match):
+        fs.repeat_factors(labels, 0.1)
+
+
+def test_bad_threshold():
+    with pytest.raises(ValueError, match="`threshold` must be > 0"):
+        fs.repeat_factors([0, 1], threshold=0.0)
+
+
+def test_stochastic_rounding_is_unbiased():
+    values = np.array([1.0, 1.25, 2.5, 3.9])
+    rounded = np.stack([fs.stochastic_round(values, fs.epoch_rng(0, e, 1)) for e in range(4000)])
+    assert set(np.unique(rounded[:, 1])) == {1, 2} and set(np.unique(rounded[:, 3])) == {3, 4}
+    assert np.all(rounded[:, 0] == 1)
+    np.testing.assert_allclose(rounded.mean(0), values, atol=4 * 0.5 / math.sqrt(4000))
+
+
+def long_tailed_labels(num_classes=10, head=2000, ratio=0.5, seed=0):
+    counts = np.maximum(1, (head * ratio ** np.arange(num_classes)).astype(int))
+    labels = np.repeat(np.arange(num_classes), counts)
+    return np.random.default_rng(seed).permutation(labels), counts
+
+
+def test_class_frequencies_over_many_epochs_match_the_repeat_factors():
+    """Each class's share of the samples drawn over 300 epochs is what the repeat factors say."""
+    labels, counts = long_tailed_labels()  # 2000, 1000, ..., 3 samples
+    table = fs.repeat_factor_table(labels, threshold=0.05)
+    r = table.sample_factors
+    length = fs.epoch_length(r)
+    epochs = 300
+    drawn = np.zeros(len(labels))
+    lengths = set()
+    for epoch in range(epochs):
+        e = fs.repeat_factor_epoch(r, seed=3, epoch=epoch)
+        lengths.add(len(e))
+        drawn += np.bincount(e, minlength=len(labels))
+    assert lengths == {length}  # constant epoch length
+    per_class = np.bincount(labels, weights=drawn) / epochs
+    expected = counts * table.class_factors
+    # Per epoch, a class count varies by the rounding of its samples (variance <= n_c / 4) and by the
+    # padding/truncation to a fixed length (|M - L| ~ sqrt(N / 4) entries, drawn proportionally).
+    slack = math.sqrt(len(labels) / 4)
+    sd = np.sqrt(counts / 4 + expected / length * slack + 1) / math.sqrt(epochs)
+    assert np.all(np.abs(per_class - expected) < 5 * sd + 0.002 * expected), (per_class, expected)
+    # rare classes are oversampled: the rarest by sqrt(0.05 / f) ~ 5.2x
+    assert per_class[-1] / counts[-1] > 4.5 and per_class[0] / counts[0] == pytest.approx(1.0, abs=0.01)
+    # and per sample: each appears r_i times per epoch on average
+    assert np.abs(drawn / epochs - r).max() < 0.2
+
+
+def test_repeat_factor_epochs_differ_per_epoch_and_repeat_per_seed():
+    r = fs.repeat_factors(long_tailed_labels(head=200)[0], threshold=0.2)
+    a, b = fs.repeat_factor_epoch(r, seed=1, epoch=0), fs.repeat_factor_epoch(r, seed=1, epoch=1)
+    assert not np.array_equal(a, b)
+    np.testing.assert_array_equal(a, fs.repeat_factor_epoch(r, seed=1, epoch=0))
+    assert not np.array_equal(a, fs.repeat_factor_epoch(r, seed=2, epoch=0))
+
+
+# ---------------------------------------------------------------------------------------------- pacing
+
+
+def test_pacing_functions_by_hand():
+    steps = np.array([0, 10, 20, 40, 80, 100])
+    total = 100  # full_at 0.4 -> all data at step 40
+
+    def pace(kind):
+        return fs.Pacing(kind, start=0.2, full_at=0.4).fraction(steps, total)
+
+    np.testing.assert_allclose(pace("linear"), [0.2, 0.4, 0.6, 1.0, 1.0, 1.0])
+    np.testing.assert_allclose(pace("quad"), [0.2, 0.25, 0.4, 1.0, 1.0, 1.0])
+    np.testing.assert_allclose(pace("root"), [0.2, 0.6, 0.2 + 0.8 * math.sqrt(0.5), 1.0, 1.0, 1.0])
+    np.testing.assert_allclose(pace("step"), [0.2, 0.2, 0.2, 1.0, 1.0, 1.0])
+    exp = pace("exp")
+    assert exp[0] == pytest.approx(0.2) and exp[3] == pytest.approx(1.0)
+    assert exp[1] == pytest.approx(0.2 + 0.8 * math.expm1(2.5) / math.expm1(10))
+    log = pace("log")
+    assert log[0] == pytest.approx(0.2) and log[3] == pytest.approx(1.0)
+    assert log[2] == pytest.approx(0.2 + 0.8 * (1 + math.log(0.5 + math.exp(-10)) / 10))
+    for kind in ("linear", "quad", "root", "exp", "log"):
+        assert np.all(np.diff(pace(kind)) >= 0), kind
+    # Hacohen & Weinshall: 0.04, x1.9 every 100 steps
+    fixed = fs.Pacing("fixed_exponential", start=0.04, growth=1.9, step_length=100)
+    np.testing.assert_allclose(fixed.fraction([0, 99, 100, 250, 600]), [0.04, 0.04, 0.076, 0.1444, 1.0])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"start": 0.0}, r"`start_fraction` must be in \(0, 1\]"),
+        ({"start": 1.5}, r"`start_fraction` must be in \(0, 1\]"),
+        ({"start": -0.2}, r"`start_fraction` must be in \(0, 1\]"),
+        ({"kind": "cosine"}, "`pacing` must be one of"),
+        ({"full_at": 0.0}, "`full_at` must be > 0"),
+        ({"growth": 1.0}, "`growth` must be > 1"),
+        ({"step_length": 0}, "`step_length` must be an int >= 1"),
+    ],
+)
+def test_bad_pacing(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        fs.Pacing(**kwargs)
+
+
+def test_pacing_over_the_run_needs_its_length():
+    with pytest.raises(ValueError, match="set `max_epochs` or `max_steps`"):
+        fs.Pacing("linear").fraction([0], math.inf)
+
+
+def test_step_clock():
+    clock = fs.StepClock(global_batch_size=8, batches_per_epoch=5, accumulate=2, total_steps=9)
+    assert clock.steps_per_epoch == 3  # Lightning steps at the end of the epoch with a partial accumulation
+    np.testing.assert_array_equal(clock.batch_steps(7, epoch=1), [3, 3, 4, 4, 5, 5, 5])
+    assert clock.step_of(4, epoch=2) == 8
+
+
+# ---------------------------------------------------------------------------------------------- curricula
+
+
+def test_difficulty_order_ties_tasks_and_anti():
+    d = np.array([0.5, 0.1, 0.5, 0.3, 0.5])
+    order = fs.difficulty_order(d, seed=0)
+    assert order[:2].tolist() == [1, 3] and sorted(order[2:].tolist()) == [0, 2, 4]
+    ties = {tuple(fs.difficulty_order(d, seed=s)[2:].tolist()) for s in range(20)}
+    assert len(ties) > 1  # equal difficulties are not kept in dataset order
+    assert fs.difficulty_order(d, anti=True, seed=0).tolist() == order[::-1].tolist()
+    tasks = np.array([2, 2, 7, 7, 2])
+    by_mean = fs.difficulty_order(d, tasks=tasks)  # by mean difficulty: task 2 (0.367) before task 7 (0.4)
+    assert by_mean[0] == 1 and set(by_mean[:3].tolist()) == {0, 1, 4}
+    assert fs.difficulty_order(d, tasks=tasks, task_order=[7, 2])[:2].tolist() == [3, 2]
+    assert sorted(fs.difficulty_order(None, tasks=tasks, task_order=[7, 2])[:2].tolist()) == [2, 3]
+    with pytest.raises(ValueError, match=r"does not list the tasks \[7\]"):
+        fs.difficulty_order(d, tasks=tasks, task_order=[2])
+
+
+def test_curriculum_epoch_draws_from_the_pool_of_each_batch():
+    n, batch = 100, 10
+    order = np.random.default_rng(0).permutation(n)
+    pools = np.array([5, 5, 20, 50, 100, 100])
+    unpaced = np.arange(60)[::-1]
+    e = fs.curriculum_epoch(order, pools, batch, 60, seed=0, epoch=0, unpaced=unpaced)
+    rank = np.empty(n, int)
+    rank[order] = np.arange(n)
+    for b, pool in enumerate(pools[:4]):
+        assert rank[e[b * batch : (b + 1) * batch]].max() < pool
+    assert e[40:].tolist() == unpaced[40:].tolist()  # all data available: the shuffled list's entries
+    # a shard draws what the whole list has at its positions
+    shard = fs.curriculum_epoch(order, pools, batch, 60, seed=0, epoch=0, unpaced=unpaced[1::3], rank=1, num_replicas=3)
+    assert shard.tolist() == e[1::3].tolist()
+    assert len(set(e[:10].tolist())) <= 5
+    # with counts, a sample is drawn in proportion to its count within the pool
+    counts = np.ones(n, int)
+    counts[order[0]] = 9  # the easiest sample: 9 of the 10 entries of a pool of 2
+    big = fs.curriculum_epoch(order, np.full(400, 2), 10, 4000, seed=1, epoch=0, counts=counts)
+    assert np.mean(big == order[0]) == pytest.approx(0.9, abs=0.03)
+
+
+# ---------------------------------------------------------------------------------------------- properties
+
+
+def make_plan(n, seed, factors_seed=None, curriculum=False, batch=4):
+    plan = SamplingPlan(num_samples=n, seed=seed)
+    if factors_seed is not None:
+        labels = np.random.default_rng(factors_seed).integers(0, 5, n) ** 2  # uneven classes
+        plan.add_repeat_factors(fs.repeat_factors(labels, threshold=0.3), seed=seed)
+    if curriculum:
+        order = np.random.default_rng(seed + 1).permutation(n)
+        plan.add_curriculum(order, fs.Pacing("linear", start=0.1, full_at=0.8), seed=seed)
+    return plan
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 300),
+    world=st.integers(1, 8),
+    seed=st.integers(0, 2**31 - 1),
+    epoch=st.integers(0, 50),
+    repeat=st.booleans(),
+    curriculum=st.booleans(),
+    drop_last=st.booleans(),
+)
+def test_shards_are_equal_disjoint_and_deterministic(n, world, seed, epoch, repeat, curriculum, drop_last):
+    plan = make_plan(n, seed, factors_seed=seed if repeat else None, curriculum=curriculum)
+    samplers = [
+        EpochListSampler(range(n), plan, epoch=epoch, num_replicas=world, rank=r, drop_last=drop_last)
+        for r in range(world)
+    ]
+    per_rank = samplers[0].num_samples
+    plan.clock = fs.StepClock(global_batch_size=4 * world, batches_per_epoch=-(-per_rank // 4), total_steps=50)
+    expected = per_rank if drop_last and plan.length >= world else -(-plan.length // world)
+    assert per_rank == expected and per_rank * world >= (plan.length - world + 1)
+    shards = [list(s) for s in samplers]
+    assert all(len(s) == per_rank == len(sampler) for s, sampler in zip(shards, samplers, strict=True))
+    assert all(0 <= i < n for s in shards for i in s)
+    # disjoint positions: rank r holds positions r, r + W, ... of one epoch list shared by all ranks
+    full = samplers[0].epoch_indices()
+    for r, s in enumerate(shards):
+        assert s == full[r::world].tolist()
+    # every rank (and a rebuilt sampler, as in a resumed run) derives the same list from (seed, epoch)
+    again = EpochListSampler(range(n), plan, epoch=epoch, num_replicas=world, rank=0, drop_last=drop_last)
+    np.testing.assert_array_equal(again.epoch_indices(), full)
+    assert samplers[-1].epoch_indices().tolist() == full.tolist()
+    # skipping applies to the next pass only
+    samplers[0].skip_next(3)
+    assert list(samplers[0]) == shards[0][3:] and list(samplers[0]) == shards[0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(2, 400), seed=st.integers(0, 1000), epoch=st.integers(0, 5), world=st.integers(1, 8))
+def test_without_a_curriculum_or_repeats_an_epoch_is_a_permutation(n, seed, epoch, world):
+    plan = SamplingPlan(num_samples=n, seed=seed)
+    e = plan.epoch_indices(epoch)
+    assert sorted(e.tolist()) == list(range(n))
+    total = fs.shard_size(n, world) * world
+    padded = plan.epoch_indices(epoch, total)
+    assert padded[:n].tolist() == e.tolist()  # padding appends, cyclically
+    assert np.bincount(padded, minlength=n).min() >= 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 200), seed=st.integers(0, 1000), epoch=st.integers(0, 3))
+def test_repeat_factor_epochs_have_the_fixed_length_and_the_rounded_counts(n, seed, epoch):
+    r = 1 + np.random.default_rng(seed).random(n) * 3
+    e = fs.repeat_factor_epoch(r, seed=seed, epoch=epoch)
+    assert len(e) == fs.epoch_length(r) == max(1, round(r.sum()))
+    counts = fs.repeat_factor_counts(r, seed=seed, epoch=epoch)
+    assert np.all((counts == np.floor(r)) | (counts == np.floor(r) + 1))
+    drawn = np.bincount(e, minlength=n)
+    if counts.sum() >= len(e):  # truncated: never more than its count
+        assert np.all(drawn <= counts)
+    else:  # padded: at least its count
+        assert np.all(drawn >= counts)

@@ -1,0 +1,204 @@
+"""ProgressiveResizing(mode="pipeline"): the size reaches the dataset's transforms inside DataLoader workers."""
+
+import os
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchvision.transforms.v2 as T
+from lightning.pytorch import LightningModule, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import Tensor
+from torch.utils.data import Dataset, get_worker_info
+from torchvision.datasets import FakeData
+
+from lightning_speedups import ProgressiveResizing, ScheduledResize, SpeedupDataModule
+from lightning_speedups.functional import ResizePlan
+from lightning_speedups.pipeline import PlannedIndex, ResolutionDataset, ResolutionSampler, current_resize_plan
+from tests.helpers import NUM_CLASSES, image_tensors, trainer
+from tests.test_progressive_resizing import PooledNet
+
+SIZE = 16
+
+
+class TransformedImages(Dataset):
+    """Synthetic 16 x 16 images through a transform; each sample says which process made it."""
+
+    def __init__(self, n: int = 64, transform: Any = None, seed: int = 0) -> None:
+        self.x, self.y = image_tensors(n, SIZE, seed=seed)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor, int]:
+        x = self.x[i] if self.transform is None else self.transform(self.x[i])
+        info = get_worker_info()
+        return x, self.y[i], os.getpid() if info is not None else -1
+
+
+class PipelineData(SpeedupDataModule):
+    num_classes = NUM_CLASSES
+
+    def __init__(self, n: int = 64, transform: Any = "default", **kwargs: Any) -> None:
+        kwargs.setdefault("batch_size", 8)
+        super().__init__(**kwargs)
+        self.n = n
+        self.transform = ScheduledResize() if transform == "default" else transform
+
+    def setup(self, stage: str) -> None:
+        self.train_dataset = TransformedImages(self.n, self.transform)
+        self.val_dataset = TransformedImages(16, self.transform, seed=1)  # same transform: full size there
+
+    def val_dataloader(self):
+        return self.eval_dataloader(self.val_dataset)
+
+
+class PipelineRecorder(LightningModule):
+    """Records, per training step, the batch's size, what the on-device schedule says, and the producers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = PooledNet()
+        self.steps: list[tuple[int, tuple[int, int], tuple[int, int], set[int]]] = []
+        self.val_sizes: list[tuple[int, int]] = []
+        self.inputs: list[Tensor] = []
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y, pids = batch
+        (cb,) = [c for c in self.trainer.callbacks if isinstance(c, ProgressiveResizing)]
+        on_device = cb.current_plan(self.trainer).size_for((SIZE, SIZE))
+        self.steps.append((self.trainer.global_step, tuple(x.shape[-2:]), on_device, set(pids.tolist())))
+        self.inputs.append(x.detach().clone())
+        return F.cross_entropy(self(x), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.val_sizes.append(tuple(batch[0].shape[-2:]))
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "not-persistent"])
+def test_sizes_are_made_in_worker_processes_at_the_step_they_train(persistent):
+    model = PipelineRecorder()
+    dm = PipelineData(num_workers=2, persistent_workers=persistent)
+    cb = ProgressiveResizing(0.5, 0.25, 0.25, mode="pipeline", validation="full")
+    trainer(callbacks=[cb], max_epochs=3).fit(model, datamodule=dm)
+    assert len(model.steps) == 24
+    main = os.getpid()
+    for step, size, on_device, pids in model.steps:
+        assert size == on_device, f"step {step}: the pipeline made {size}, the schedule says {on_device}"
+        assert -1 not in pids and main not in pids  # made in worker processes
+    sizes = [size for _, size, _, _ in model.steps]
+    assert sizes[0] == (8, 8) and sizes[-1] == (16, 16) and (12, 12) in sizes
+    assert len(set(sizes[8:16])) > 1  # the size changes inside an epoch, with workers prefetching ahead
+    workers = set().union(*(pids for *_, pids in model.steps))
+    assert len(workers) == (2 if persistent else 6)  # persistent: the same two workers all along
+    assert set(model.val_sizes) == {(16, 16)}  # validation indices carry no plan: the same transform gives full size
+
+
+def test_exact_under_accumulation_and_limited_batches():
+    model = PipelineRecorder()
+    cb = ProgressiveResizing(0.25, 0.2, 0.2, mode="pipeline", size_increment=2)
+    t = trainer(callbacks=[cb], max_epochs=4, accumulate_grad_batches=2, limit_train_batches=0.75)
+    t.fit(model, datamodule=PipelineData(num_workers=0))
+    assert len(model.steps) == 4 * 6  # 6 of the 8 batches per epoch
+    assert all(size == on_device for _, size, on_device, _ in model.steps)
+    assert len({size for _, size, _, _ in model.steps}) >= 4
+
+
+def test_factory_transforms_work_on_pil_images():
+    sizes = []
+
+    class Module(PipelineRecorder):
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            sizes.append(tuple(x.shape[-2:]))
+            return F.cross_entropy(self(x.mean(1, keepdim=True)), y % NUM_CLASSES)
+
+    class Fake(SpeedupDataModule):
+        def setup(self, stage):
+            pipeline = T.Compose(
+                [ScheduledResize(24, factory=T.RandomResizedCrop), T.ToImage(), T.ToDtype(torch.float32, scale=True)]
+            )
+            self.train_dataset = FakeData(32, image_size=(3, 40, 40), num_classes=4, transform=pipeline)
+
+    cb = ProgressiveResizing(0.5, 0.5, 0.5, mode="pipeline", size_increment=8)  # a step to full size at 50%
+    trainer(callbacks=[cb], max_epochs=2).fit(Module(), datamodule=Fake(batch_size=8, num_workers=1))
+    assert sizes == [(16, 16)] * 4 + [(24, 24)] * 4  # 24 * 0.5 = 12 -> 16 (multiple of 8), then full 24
+
+
+def test_resume_mid_epoch_continues_at_the_same_sizes(tmp_path):
+    def run(ckpt_path=None, save=False):
+        seed_everything(5)
+        model = PipelineRecorder()
+        extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)] if save else []
+        cb = ProgressiveResizing(0.5, 0.25, 0.25, mode="pipeline", validation="recalibrate")
+        t = trainer(callbacks=[cb, *extra], max_epochs=3, enable_checkpointing=save)
+        t.fit(model, datamodule=PipelineData(num_workers=1), ckpt_path=ckpt_path)
+        return model
+
+    full = run(save=True)
+    resumed = run(ckpt_path=str(tmp_path / "epoch=1-step=11.ckpt"))  # 8 batches per epoch: mid-epoch, mid-ramp
+    assert [s[:2] for s in resumed.steps] == [s[:2] for s in full.steps[11:]]
+    assert len({s[1] for s in resumed.steps}) > 1
+    for a, b in zip(full.inputs[11:], resumed.inputs, strict=True):
+        assert torch.equal(a, b)  # the very same samples, at the same sizes
+    for a, b in zip(full.state_dict().values(), resumed.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_recalibration_loads_full_size_samples():
+    shapes = []
+
+    def forward(module, images):
+        shapes.append(tuple(images.shape))
+        return module(images)
+
+    cb = ProgressiveResizing(
+        0.5, 1.0, 0.0, mode="pipeline", validation="recalibrate", calibration_batches=3, calibration_forward=forward
+    )
+    model = PipelineRecorder()
+    trainer(callbacks=[cb], max_epochs=1).fit(model, datamodule=PipelineData(num_workers=1))
+    assert cb.recalibrations == 1 and shapes == [(8, 1, 16, 16)] * 3
+    assert {s[1] for s in model.steps} == {(8, 8)}
+
+
+def test_a_pipeline_without_the_transform_fails_clearly():
+    dm = PipelineData(transform=None, num_workers=1)
+    with pytest.raises(RuntimeError, match=r"never asked for the current size.*ScheduledResize"):
+        trainer(callbacks=[ProgressiveResizing(mode="pipeline")], max_epochs=1).fit(PipelineRecorder(), datamodule=dm)
+
+
+def test_wrappers_directly():
+    base = TransformedImages(8, ScheduledResize(interpolation="nearest"))
+    wrapped = ResolutionDataset(base)
+    assert wrapped[PlannedIndex(0, ResizePlan(scale=0.5))][0].shape == (1, 8, 8)
+    assert wrapped[0][0].shape == (1, 16, 16) and wrapped.y is base.y  # plain indices, attributes pass through
+    assert current_resize_plan() is None  # the plan is current only while a sample loads
+    plans = []
+
+    def plan_for_batch(epoch: int, batch: int) -> ResizePlan:
+        plans.append((epoch, batch))
+        return ResizePlan(scale=1 / (batch + 1))
+
+    from lightning_speedups.data import EpochShuffleSampler
+
+    sampler = ResolutionSampler(EpochShuffleSampler(range(10), num_replicas=1, rank=0, epoch=2), 4, plan_for_batch)
+    items = list(sampler)
+    assert len(sampler) == 10 and sorted(i.index for i in items) == list(range(10))
+    assert [i.plan.scale for i in items] == [1.0] * 4 + [0.5] * 4 + [1 / 3] * 2
+    assert plans == [(2, 0), (2, 1), (2, 2)] and sampler.epoch == 2
+    sampler.set_epoch(3)
+    sampler.skip_next(4)
+    items = list(sampler)
+    assert len(items) == 6 and plans[-2:] == [(3, 1), (3, 2)]  # skipped batch 0: numbering continues at 1
+    with pytest.raises(ValueError, match="`size` must be"):
+        ScheduledResize(size=(0, 4))
+    with pytest.raises(ValueError, match="give the full `size`"):
+        ScheduledResize(factory=T.Resize)

@@ -1,0 +1,384 @@
+"""ProgressiveResizing in real `Trainer.fit` runs on CPU: sizes per step, modes, validation, resume, logs, errors."""
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule, seed_everything
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_speedups import ProgressiveResizing, SpeedupWarning
+from lightning_speedups.functional import progressive_scale, recalibrate_batchnorm, scaled_size
+from tests.helpers import NUM_CLASSES, ImagesDataModule, MemoryLogger, image_tensors, loaders, trainer, unpack
+
+SIZE = 16  # images are 16 x 16; 64 samples in batches of 16: 4 steps per epoch
+
+
+class PooledNet(nn.Module):
+    """Any input size works (global average pooling); BatchNorm optional."""
+
+    def __init__(self, batchnorm: bool = True) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8) if batchnorm else nn.Identity()
+        self.fc = nn.Linear(8, NUM_CLASSES)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(F.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+class SizeRecorder(LightningModule):
+    """Records what each training and validation step received (sizes, and the inputs themselves)."""
+
+    def __init__(self, batchnorm: bool = True, lr: float = 0.1) -> None:
+        super().__init__()
+        self.net = PooledNet(batchnorm)
+        self.lr = lr
+        self.train_seen: list[tuple[int, tuple[int, int], Tensor, Tensor]] = []
+        self.val_seen: list[tuple[int, tuple[int, ...]]] = []
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = unpack(batch)
+        self.train_seen.append((self.trainer.global_step, tuple(x.shape[-2:]), x.detach().clone(), y.detach().clone()))
+        return F.cross_entropy(self(x), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = unpack(batch)
+        self.val_seen.append((self.trainer.global_step, tuple(x.shape)))
+        logits = self(x)
+        self.log("val_loss", F.cross_entropy(logits, y))
+        self.log("val_acc", (logits.argmax(1) == y).float().mean())
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def expected_size(step: int, total: int, *schedule: float) -> tuple[int, int]:
+    return scaled_size((SIZE, SIZE), progressive_scale(step / total, *schedule), 4)
+
+
+# ---------------------------------------------------------------------------------------------- sizes
+def test_resize_follows_the_schedule_step_by_step():
+    model = SizeRecorder()
+    t = trainer(callbacks=[ProgressiveResizing(0.5, 0.25, 0.25, validation="full")], max_epochs=4)
+    t.fit(model, *loaders("list", n=64, size=SIZE))
+    sizes = [size for _, size, _, _ in model.train_seen]
+    assert sizes == [expected_size(step, 16, 0.5, 0.25, 0.25) for step in range(16)]
+    assert sizes[:4] == [(8, 8)] * 4 and sizes[-4:] == [(16, 16)] * 4 and (12, 12) in sizes  # a real ramp
+    # the content is the original batch, resized (antialiased bilinear), never altered otherwise
+    originals = [unpack(b) for b in loaders("list", n=64, size=SIZE)[0]]
+    x0, y0 = originals[1]
+    _, _, x, y = model.train_seen[1]
+    torch.testing.assert_close(x, F.interpolate(x0, size=(8, 8), mode="bilinear", antialias=True))
+    assert torch.equal(y, y0)
+
+
+@pytest.mark.parametrize("kind", ["tuple", "dict", "namedtuple", "dataclass"])
+def test_any_batch_container(kind):
+    model = SizeRecorder()
+    trainer(callbacks=[ProgressiveResizing(0.5, 0.5, 0.0)], max_steps=2).fit(model, loaders(kind, size=SIZE)[0])
+    assert [size for _, size, _, _ in model.train_seen] == [(8, 8), (8, 8)]
+
+
+def test_crop_takes_random_windows_of_the_originals():
+    model = SizeRecorder()
+    cb = ProgressiveResizing(0.5, 0.5, 0.25, mode="crop", interpolation="nearest", seed=3)
+    trainer(callbacks=[cb], max_epochs=2).fit(model, loaders("list", n=64, size=SIZE)[0])
+    originals = [unpack(b)[0] for b in loaders("list", n=64, size=SIZE)[0]] * 2
+    offsets = set()
+    for (_, size, x, _), x0 in zip(model.train_seen, originals, strict=True):
+        h, w = size
+        for i in range(len(x)):
+            windows = x0[i].unfold(1, h, 1).unfold(2, w, 1)  # (C, H-h+1, W-w+1, h, w)
+            hits = (windows == x[i][:, None, None]).flatten(3).all(-1).all(0).nonzero().tolist()
+            assert hits, "a cropped sample is not a window of its original"
+            offsets.add(tuple(hits[0]))
+    assert len(offsets) > 5  # random per sample
+    assert [size for _, size, _, _ in model.train_seen][:4] == [(8, 8)] * 4
+
+
+def test_ffcv_epoch_ramp():
+    model = SizeRecorder()
+    cb = ProgressiveResizing(min_res=8, max_res=16, start_ramp=1, end_ramp=3, res_increment=4, validation="full")
+    trainer(callbacks=[cb], max_epochs=5, limit_train_batches=2).fit(model, loaders("list", size=SIZE)[0])
+    per_epoch = [size for _, size, _, _ in model.train_seen][::2]
+    # epochs 0, 1: min_res; epoch 2: 8 + 8 * (2 - 1) / 2 = 12 (a multiple of 4); epochs 3, 4: max_res
+    assert per_epoch == [(8, 8), (8, 8), (12, 12), (16, 16), (16, 16)]
+
+
+def test_dense_targets_are_resized_and_cropped_with_their_images():
+    _, y = image_tensors(32, SIZE)
+    mask = torch.arange(SIZE * SIZE).view(1, SIZE, SIZE).expand(32, SIZE, SIZE).contiguous()  # its own position
+    image = mask[:, None].float()  # the same numbers as an image: any misalignment shows
+
+    class Seg(SizeRecorder):
+        def training_step(self, batch, batch_idx):
+            self.train_seen.append((0, tuple(batch["image"].shape[-2:]), batch["image"].clone(), batch["mask"].clone()))
+            return self(batch["image"]).sum() * 0
+
+    for mode in ("resize", "crop"):
+        train = DataLoader(
+            TensorDataset(image, mask, y),
+            batch_size=16,
+            collate_fn=lambda s: dict(
+                zip(("image", "mask", "label"), map(torch.stack, zip(*s, strict=True)), strict=True)
+            ),
+        )
+        model = Seg()
+        cb = ProgressiveResizing(0.5, 1.0, 0.0, mode=mode, interpolation="nearest", resize_targets=True)
+        cb.fields.target_key = "mask"
+        trainer(callbacks=[cb], max_steps=2).fit(model, train)
+        for _, size, img, m in model.train_seen:
+            assert size == (8, 8) and m.shape == (16, 8, 8) and m.dtype == torch.int64
+            assert torch.equal(img[:, 0].long(), m)
+
+
+# ---------------------------------------------------------------------------------------------- validation
+class StatsProbe(Callback):
+    """Listed after ProgressiveResizing: sees the model as validation does, and after it."""
+
+    def __init__(self) -> None:
+        self.during: list[tuple[Tensor, Tensor, bool, bool]] = []
+        self.before: list[Tensor] = []
+        self.after: list[Tensor] = []
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        bn = pl_module.net.bn
+        self.during.append((bn.running_mean.clone(), bn.running_var.clone(), pl_module.training, bn.training))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.before.append(pl_module.net.bn.running_mean.clone())
+
+    def on_validation_end(self, trainer, pl_module):
+        self.after.append(pl_module.net.bn.running_mean.clone())
+
+
+@pytest.mark.parametrize("validation", ["full", "recalibrate", "train_size", "auto"])
+def test_what_validation_sees(validation):
+    model = SizeRecorder()
+    cb = ProgressiveResizing(0.5, 0.5, 0.25, validation=validation)
+    t = trainer(callbacks=[cb], max_epochs=4, num_sanity_val_steps=1)
+    t.fit(model, *loaders("list", n=64, size=SIZE))
+    sanity, *during_fit = model.val_seen
+    assert sanity[1][-2:] == (16, 16)  # sanity check: always full size
+    by_step = {step: shape[-2:] for step, shape in during_fit}
+    # validations after epochs 1..4 (steps 4, 8, 12, 16); the plan of the last training batch: scales 0.5,
+    # 0.5, 0.5 + 0.5 * (11/16 - 0.5) / 0.25 = 0.875, 1.0
+    if validation in ("train_size", "auto"):
+        assert by_step == {4: (8, 8), 8: (8, 8), 12: (16, 16), 16: (16, 16)}  # 16 * 0.875 = 14 -> 16 (inc 4)
+    else:
+        assert set(by_step.values()) == {(16, 16)}
+    # validate/test after fit see full size whatever the setting
+    model.val_seen.clear()
+    t.validate(model, loaders("list", n=64, size=SIZE)[1], verbose=False)
+    assert {shape[-2:] for _, shape in model.val_seen} == {(16, 16)}
+
+
+def test_train_size_validation_is_the_model_at_its_training_size():
+    x, y = image_tensors(32, SIZE, seed=1)
+    model = SizeRecorder()
+    seen = []
+
+    class Reference(Callback):  # the model's own accuracy at its training size, computed independently
+        def on_validation_start(self, trainer, pl_module):
+            with torch.no_grad():
+                small = F.interpolate(x, size=cb._size, mode="bilinear", antialias=True)
+                seen.append((pl_module(small).argmax(1) == y).float().mean().item())
+
+        def on_validation_end(self, trainer, pl_module):
+            seen[-1] = (seen[-1], trainer.callback_metrics["val_acc"].item())
+
+    cb = ProgressiveResizing(0.5, 0.5, 0.25, validation="train_size")
+    trainer(callbacks=[Reference(), cb], max_epochs=2).fit(model, *loaders("list", n=64, size=SIZE))
+    assert len(seen) == 2
+    for reference, logged in seen:
+        assert logged == pytest.approx(reference, abs=1e-6)
+
+
+def test_recalibration_during_validation_only_and_restored():
+    probe = StatsProbe()
+    model = SizeRecorder()
+    cb = ProgressiveResizing(0.5, 1.0, 0.0, validation="recalibrate", calibration_batches=2)  # always at half size
+    trainer(callbacks=[cb, probe], max_epochs=2).fit(model, *loaders("list", n=64, size=SIZE))
+    assert cb.recalibrations == 2
+    val_mean, _, module_training, bn_training = probe.during[-1]
+    assert not module_training and not bn_training  # validation itself runs in eval mode as usual
+    # the statistics validation used differ from the training ones, which are put back exactly after it
+    assert not torch.allclose(val_mean, probe.before[7])
+    assert torch.equal(probe.after[0], probe.before[3]) and torch.equal(probe.after[1], probe.before[7])
+    assert torch.equal(model.net.bn.running_mean, probe.before[-1])
+    assert model.net.bn.momentum == 0.1 and model.training
+    assert not cb._cache  # no batch references left after fit
+
+
+def test_recalibrated_statistics_equal_a_hand_recalibration():
+    probe = StatsProbe()
+    model = SizeRecorder()
+    weights: list[dict[str, Tensor]] = []
+
+    class Snapshot(Callback):  # before ProgressiveResizing: the model as training left it
+        def on_validation_start(self, trainer, pl_module):
+            weights.append(copy.deepcopy(pl_module.net.state_dict()))
+
+    cb = ProgressiveResizing(0.5, 1.0, 0.0, validation="recalibrate", calibration_batches=2)
+    trainer(callbacks=[Snapshot(), cb, probe], max_epochs=1).fit(model, *loaders("list", n=64, size=SIZE))
+    net = PooledNet()
+    net.load_state_dict(weights[0])
+    originals = [unpack(b)[0] for b in loaders("list", n=64, size=SIZE)[0]]
+    recalibrate_batchnorm(net, originals[2:4])  # the last two full-size batches of the epoch
+    assert cb.recalibrations == 1
+    val_mean, val_var, _, _ = probe.during[0]
+    torch.testing.assert_close(val_mean, net.bn.running_mean)
+    torch.testing.assert_close(val_var, net.bn.running_var)
+
+
+def test_recalibration_errors_clearly_and_takes_a_custom_forward():
+    class DictForward(SizeRecorder):
+        def forward(self, batch):
+            return self.net(batch["x"])
+
+        def training_step(self, batch, batch_idx):
+            x, y = unpack(batch)
+            return F.cross_entropy(self({"x": x}), y)
+
+        def validation_step(self, batch, batch_idx):
+            pass
+
+    cb = ProgressiveResizing(0.5, 1.0, 0.0, validation="recalibrate")
+    with pytest.raises(RuntimeError, match=r"could not run the model on full-size images.*calibration_forward"):
+        trainer(callbacks=[cb], max_epochs=1).fit(DictForward(), *loaders("list", size=SIZE))
+    cb = ProgressiveResizing(
+        0.5, 1.0, 0.0, validation="recalibrate", calibration_forward=lambda module, images: module({"x": images})
+    )
+    trainer(callbacks=[cb], max_epochs=1).fit(DictForward(), *loaders("list", size=SIZE))
+    assert cb.recalibrations == 1
+
+
+# ---------------------------------------------------------------------------------------------- resume, logs
+def run(tmp_path, ckpt_path=None, save=False, mode="crop"):
+    seed_everything(11)
+    model = SizeRecorder()
+    extra = (
+        [
+            ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1),
+            ModelCheckpoint(dirpath=tmp_path / "val", every_n_epochs=1, save_top_k=-1),  # on_validation_end
+        ]
+        if save
+        else []
+    )
+    cb = ProgressiveResizing(0.5, 0.25, 0.25, mode=mode, validation="recalibrate")
+    t = trainer(callbacks=[cb, *extra], max_epochs=4, enable_checkpointing=save)
+    t.fit(model, datamodule=ImagesDataModule(n=64, size=SIZE), ckpt_path=ckpt_path)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("mode", "step", "pattern"),
+    [("crop", 6, "*step=6.ckpt"), ("resize", 8, "*step=8.ckpt"), ("resize", 8, "val/epoch=1-step=8.ckpt")],
+    ids=["crop-mid-epoch", "resize-epoch-end", "resize-after-recalibrated-validation"],
+)
+def test_resume_mid_ramp_continues_at_the_same_scale(tmp_path, mode, step, pattern):
+    full = run(tmp_path, save=True, mode=mode)
+    (ckpt,) = tmp_path.glob(pattern)
+    resumed = run(tmp_path / "resumed", ckpt_path=str(ckpt), mode=mode)
+    sizes = [(s, size) for s, size, _, _ in full.train_seen]
+    assert [(s, size) for s, size, _, _ in resumed.train_seen] == sizes[step:]
+    assert len({size for _, size in sizes[step:]}) > 1  # resumed on the ramp
+    for a, b in zip(full.state_dict().values(), resumed.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)  # weights and BatchNorm buffers
+
+
+def test_logs_scale_and_size():
+    logger = MemoryLogger()
+    cb = ProgressiveResizing(0.5, 0.25, 0.25, validation="train_size")
+    trainer(callbacks=[cb], max_epochs=4, logger=logger, log_every_n_steps=1).fit(
+        SizeRecorder(), *loaders("list", n=64, size=SIZE)
+    )
+    scales = dict(logger.history["progressive_resizing/scale"])
+    heights = dict(logger.history["progressive_resizing/height"])
+    assert (
+        scales[0] == 0.5
+        and scales[15] == 1.0
+        and scales[6] == pytest.approx(progressive_scale(6 / 16, 0.5, 0.25, 0.25))
+    )
+    assert heights[0] == 8 and heights[15] == 16
+    assert logger.history["progressive_resizing/val_height"][0][1] == 8.0
+    assert cb.state_dict()["plan"] == {"scale": 1.0, "resolution": None, "size_increment": 4}
+
+
+# ---------------------------------------------------------------------------------------------- errors
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"initial_scale": 0.0}, r"`initial_scale` must be in \(0, 1\], got 0.0"),
+        ({"initial_scale": 1.5}, r"`initial_scale` must be in \(0, 1\], got 1.5"),
+        ({"initial_scale": -0.5}, r"`initial_scale` must be in \(0, 1\]"),
+        ({"delay_fraction": 0.6, "finetune_fraction": 0.5}, r"`delay_fraction \+ finetune_fraction` must be <= 1"),
+        ({"delay_fraction": 1.2}, r"`delay_fraction` must be in \[0, 1\]"),
+        ({"size_increment": 0}, "`size_increment` must be >= 1, got 0"),
+        ({"size_increment": 2.5}, "`size_increment` must be an int"),
+        ({"mode": "zoom"}, "`mode` must be one of"),
+        ({"interpolation": "area"}, "`interpolation` must be one of"),
+        ({"validation": "never"}, "`validation` must be one of"),
+        ({"calibration_batches": 0}, "`calibration_batches` must be >= 1"),
+        ({"min_res": 8}, "missing"),
+        ({"min_res": 16, "max_res": 8, "start_ramp": 0, "end_ramp": 1}, "`max_res` .* must be >= `min_res`"),
+        ({"min_res": 8, "max_res": 16, "start_ramp": 3, "end_ramp": 1}, "`end_ramp` .* must be >= `start_ramp`"),
+        ({"min_res": 8, "max_res": 16, "start_ramp": 0, "end_ramp": 1, "initial_scale": 0.3}, "not both"),
+        ({"mode": "pipeline", "resize_targets": True}, "resize_targets"),
+        ({"calibration_forward": 3}, "`calibration_forward` must be callable"),
+    ],
+)
+def test_bad_arguments_fail_at_construction(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        ProgressiveResizing(**kwargs)
+
+
+def fit_expecting(callback, message, train, model=None, error=(ValueError, TypeError)):
+    model = model or SizeRecorder()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(error, match=message):
+        trainer(callbacks=[callback], max_epochs=1).fit(model, train)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # no step was taken
+
+
+def test_non_image_input_names_the_shape_before_any_step():
+    flat = DataLoader(TensorDataset(torch.randn(32, 10), torch.arange(32) % NUM_CLASSES), batch_size=16)
+    fit_expecting(ProgressiveResizing(), r"\(N, C, H, W\), got a tensor of shape \(16, 10\)", flat)
+    seq = DataLoader(TensorDataset(torch.randn(32, 3, 20), torch.arange(32) % NUM_CLASSES), batch_size=16)
+    fit_expecting(ProgressiveResizing(), r"got a tensor of shape \(16, 3, 20\)", seq)
+
+
+def test_other_bad_batches_before_any_step():
+    x, y = image_tensors(32, SIZE)
+    ints = DataLoader(TensorDataset((x * 50).to(torch.uint8), y), batch_size=16)
+    fit_expecting(ProgressiveResizing(), "floating-point images, got dtype torch.uint8", ints)
+    labels = DataLoader(TensorDataset(x, y), batch_size=16)
+    fit_expecting(ProgressiveResizing(resize_targets=True), r"needs dense targets .* got \(16,\)", labels)
+    fit_expecting(ProgressiveResizing(input_key="pixels"), r"no input at 'pixels'", loaders("dict", size=SIZE)[0])
+    fit_expecting(
+        ProgressiveResizing(mode="pipeline"),
+        "needs the training loader of a `lightning_speedups.SpeedupDataModule`",
+        loaders("list", size=SIZE)[0],
+        error=RuntimeError,
+    )
+
+
+def test_an_epoch_ramp_beyond_the_images():
+    fit_expecting(
+        ProgressiveResizing(mode="crop", min_res=8, max_res=32, start_ramp=0, end_ramp=1),
+        r"max_res=32, but the images are \(16, 16\): a crop cannot be larger",
+        loaders("list", size=SIZE)[0],
+    )
+    model = SizeRecorder()
+    cb = ProgressiveResizing(min_res=8, max_res=24, start_ramp=0, end_ramp=1, res_increment=8)
+    with pytest.warns(SpeedupWarning, match="upsampled"):
+        trainer(callbacks=[cb], max_epochs=2, limit_train_batches=1).fit(model, loaders("list", size=SIZE)[0])
+    assert [size for _, size, _, _ in model.train_seen] == [(8, 8), (24, 24)]

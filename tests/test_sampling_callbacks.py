@@ -1,0 +1,319 @@
+"""RepeatFactorSampling and CurriculumOrdering in real fits: what each step saw, composition, resume, errors."""
+
+import copy
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader
+
+from lightning_speedups import CurriculumOrdering, LossScore, RepeatFactorSampling, SpeedupDataModule
+from lightning_speedups.functional import sampling as fs
+from lightning_speedups.samplers import EpochListSampler
+from tests.helpers import IndexedImages, MemoryLogger, trainer
+from tests.sampling_helpers import IndexDM, IndexModel, long_tail
+from tests.test_data import Provider
+
+
+def fit(callbacks, *, n=80, max_epochs=3, model=None, dm=None, **kwargs):
+    model = model or IndexModel(n)
+    t = trainer(max_epochs=max_epochs, callbacks=callbacks, **kwargs)
+    t.fit(model, datamodule=dm or IndexDM(n))
+    return model, t
+
+
+def epochs_of(model, batches_per_epoch):
+    flat = [
+        [i for b in model.seen[k : k + batches_per_epoch] for i in b]
+        for k in range(0, len(model.seen), batches_per_epoch)
+    ]
+    return flat
+
+
+def ranks(order):
+    r = np.empty(len(order), dtype=int)
+    r[order] = np.arange(len(order))
+    return r
+
+
+# ---------------------------------------------------------------------------------------------- repeat factors
+
+
+def test_repeat_factor_sampling_fit_draws_the_functional_epochs():
+    seed_everything(3)  # the datamodule's seed, shared by every rank
+    rfs = RepeatFactorSampling(threshold=0.1)
+    model, t = fit([rfs], n=200, max_epochs=4)
+    r = fs.repeat_factors(long_tail(200), threshold=0.1)
+    length = round(r.sum())
+    assert rfs.epoch_length == length == 209 and len(rfs.factors) == 200
+    batches = math.ceil(length / 8)
+    assert t.num_training_batches == batches
+    seen = epochs_of(model, batches)
+    assert len(seen) == 4 and all(len(e) == length for e in seen)  # constant epoch length
+    for epoch, indices in enumerate(seen):
+        assert indices == fs.repeat_factor_epoch(r, seed=3, epoch=epoch).tolist()
+    # each epoch repeats the rare samples (r = 3.16 for the rarest class) and keeps the frequent ones once or so
+    labels = long_tail(200)
+    drawn = np.bincount(np.concatenate(seen), minlength=200) / 4
+    assert drawn[labels == 3].mean() > 2.5 and drawn[labels == 0].mean() < 1.1
+    assert seen[0] != seen[1]
+    assert rfs.largest_class_factors(2) == pytest.approx({3: math.sqrt(10), 2: math.sqrt(2.5)})
+
+
+def test_labels_from_an_array_or_a_callable_and_multi_label():
+    labels = [[0]] * 70 + [[0, 1]] * 8 + [[1, 2]] + [[]]
+    a = RepeatFactorSampling(threshold=0.2, labels=labels)
+    b = RepeatFactorSampling(threshold=0.2, labels=lambda dataset: labels[: len(dataset)])
+    for cb in (a, b):
+        fit([cb], max_epochs=1)
+        np.testing.assert_allclose(cb.factors, fs.repeat_factors(labels, 0.2))
+    assert a.factors[78] == pytest.approx(math.sqrt(0.2 / (1 / 80)))  # class 2, in one sample of 80
+    assert a.factors[79] == 1.0
+
+
+def test_knobs_are_logged():
+    logger = MemoryLogger()
+    rfs = RepeatFactorSampling(threshold=0.1)
+    cur = CurriculumOrdering("linear", start_fraction=0.25, full_at=0.5)
+    fit([rfs, cur], logger=logger, log_every_n_steps=1, max_epochs=2)
+    h = logger.history
+    assert h["repeat_factor_sampling/expected_epoch_length"][0][1] == pytest.approx(rfs.factors.sum())
+    assert h["repeat_factor_sampling/epoch_length"][0][1] == rfs.epoch_length == 84
+    assert h["repeat_factor_sampling/max_factor"][0][1] == pytest.approx(math.sqrt(8))
+    assert h["repeat_factor_sampling/class_factor/3"][0][1] == pytest.approx(math.sqrt(8))
+    fractions = [v for _, v in h["curriculum/fraction"]]
+    assert fractions[0] == pytest.approx(0.25) and fractions[-1] == 1.0
+    assert all(b >= a for a, b in itertools.pairwise(fractions))
+    assert h["curriculum/pool_size"][0][1] == 20
+
+
+# ---------------------------------------------------------------------------------------------- curricula
+
+
+def test_first_paced_steps_see_only_the_easiest_fraction():
+    cur = CurriculumOrdering("fixed_exponential", start_fraction=0.1, growth=2.0, step_length=2)
+    model, _ = fit([cur])
+    dm_difficulty = np.random.default_rng(1).permutation(80).astype(float)
+    rank = ranks(np.argsort(dm_difficulty))
+    pools = {0: 8, 1: 8, 2: 16, 3: 16, 4: 32, 5: 32, 6: 64, 7: 64}
+    assert model.steps == list(range(30))
+    for step, indices in zip(model.steps, model.seen, strict=True):
+        assert rank[indices].max() < pools.get(step, 80), step
+    first = {i for b in model.seen[:2] for i in b}
+    assert first <= set(np.flatnonzero(rank < 8).tolist())
+    assert len({pools.get(s, 80) for s in range(10)}) > 2  # the pool grew inside epoch 0
+    epoch1, epoch2 = epochs_of(model, 10)[1:]
+    assert sorted(epoch1) == sorted(epoch2) == list(range(80)) and epoch1 != epoch2  # all data: uniform epochs
+
+
+def test_anti_curriculum_and_multitask_order():
+    anti = CurriculumOrdering("step", start_fraction=0.1, full_at=0.5, anti_curriculum=True)
+    model, _ = fit([anti], max_epochs=2)
+    rank = ranks(np.argsort(np.random.default_rng(1).permutation(80).astype(float)))
+    first_half = {i for b in model.seen[:10] for i in b}  # "step" pacing: 10% until half the run
+    assert rank[list(first_half)].min() >= 72  # the hardest 10%
+
+    multi = CurriculumOrdering("linear", start_fraction=0.3, full_at=1.0, task_order=[2, 0, 1])
+    model, _ = fit([multi], dm=IndexDM(80, tasks=True), max_epochs=2)
+    assert all(i % 3 == 2 for i in model.seen[0])  # 24 of 26 task-2 samples fill the first pool
+    assert multi.order is not None and {int(i) % 3 for i in multi.order[:26]} == {2}
+    assert [int(i) % 3 for i in multi.order[26:27]] == [0]
+
+
+def test_difficulty_from_an_array_or_the_datamodule():
+    dm = IndexDM(80)
+    dm.setup("fit")
+    from_dm = CurriculumOrdering().compute_order(dm, dm.train_dataset)
+    np.testing.assert_array_equal(from_dm, np.argsort(dm.train_difficulty))
+    reverse = CurriculumOrdering(difficulty=-dm.train_difficulty).compute_order(dm, dm.train_dataset)
+    np.testing.assert_array_equal(reverse, from_dm[::-1])
+    anti = CurriculumOrdering(anti_curriculum=True).compute_order(dm, dm.train_dataset)
+    np.testing.assert_array_equal(anti, from_dm[::-1])
+
+
+def test_loss_scorer_orders_by_the_initial_per_sample_loss():
+    seed_everything(0)
+    model = IndexModel(80)
+    initial = copy.deepcopy(model)
+    cur = CurriculumOrdering("fixed_exponential", difficulty=LossScore(), start_fraction=0.1, step_length=1000)
+    fit([cur], model=model, max_epochs=1)
+    dm = IndexDM(80)
+    dm.setup("fit")
+    x, y = dm.train_dataset.tensors
+    with torch.no_grad():
+        loss = F.cross_entropy(initial(x), y, reduction="none").numpy()
+    np.testing.assert_allclose(cur.scores, loss, rtol=1e-6)
+    easiest = set(np.argsort(loss, kind="stable")[:8].tolist())
+    assert {i for b in model.seen for i in b} <= easiest  # the pool never grew (step_length 1000)
+    assert model.training  # the scorer put the model back in train mode
+    assert cur.state_dict()["scores"].shape == (80,)
+
+
+def test_composed_repeat_factors_and_curriculum():
+    seed_everything(5)
+    rfs = RepeatFactorSampling(threshold=0.1)
+    cur = CurriculumOrdering("linear", start_fraction=0.1, full_at=0.5)
+    model, t = fit([rfs, cur], max_epochs=4)
+    sampler = t.train_dataloader.sampler
+    assert isinstance(sampler, EpochListSampler) and sampler.plan.sources == [
+        "RepeatFactorSampling",
+        "CurriculumOrdering",
+    ]
+    batches = math.ceil(84 / 8)
+    seen = epochs_of(model, batches)
+    assert [len(e) for e in seen] == [84] * 4
+    rank = ranks(cur.order)
+    assert rank[model.seen[0]].max() < 8  # ceil(0.1 * 80): the first step draws from the 8 easiest
+    # after half the run the pace is full: the epoch is exactly the repeat-factor epoch
+    r = fs.repeat_factors(long_tail(80), threshold=0.1)
+    assert seen[3] == fs.repeat_factor_epoch(r, seed=5, epoch=3).tolist()
+    # while paced, the rare class is still oversampled within the pool
+    assert sampler.plan.repeat is not None and sampler.plan.curriculum is not None
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"accumulate_grad_batches": 2, "limit_train_batches": 0.5, "max_epochs": 3},
+        {"accumulate_grad_batches": 4, "max_epochs": 2, "max_steps": 5},
+    ],
+)
+def test_the_step_clock_predicts_lightnings_steps(kwargs):
+    """In-epoch pacing relies on knowing, while the loader is built, the step each batch will be trained at."""
+    cur = CurriculumOrdering("linear", start_fraction=0.1, full_at=1.0)
+    model, t = fit([RepeatFactorSampling(threshold=0.1), cur], dm=IndexDM(80, drop_last=True), **kwargs)
+    clock = t.train_dataloader.sampler.plan.clock
+    assert clock.batches_per_epoch == t.num_training_batches
+    assert clock.total_steps == t.estimated_stepping_batches
+    per_epoch = t.num_training_batches
+    predicted = [clock.step_of(b % per_epoch, b // per_epoch) for b in range(len(model.steps))]
+    assert predicted == model.steps
+
+
+# ---------------------------------------------------------------------------------------------- resume
+
+
+def resume_run(tmp_path, ckpt_path=None, save=False):
+    seed_everything(11)
+    model = IndexModel(80)
+    callbacks = [
+        RepeatFactorSampling(threshold=0.1),
+        CurriculumOrdering("linear", difficulty=LossScore(), start_fraction=0.1, full_at=0.8),
+    ]
+    if save:
+        callbacks.append(ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1))
+    t = trainer(callbacks=callbacks, max_epochs=3, enable_checkpointing=save)
+    t.fit(model, datamodule=IndexDM(80), ckpt_path=ckpt_path)
+    return model
+
+
+@pytest.mark.parametrize("step", [11, 16], ids=["epoch-boundary", "mid-epoch"])
+def test_resume_draws_what_the_uninterrupted_run_draws(tmp_path, step):
+    full = resume_run(tmp_path, save=True)
+    assert len(full.seen) == 33  # 84 samples / 8 = 11 batches per epoch
+    (ckpt,) = tmp_path.glob(f"*step={step}.ckpt")
+    resumed = resume_run(tmp_path / "resumed", ckpt_path=str(ckpt))
+    assert resumed.steps[0] == step
+    assert resumed.seen == full.seen[step:]
+    for a, b in zip(full.state_dict().values(), resumed.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda: RepeatFactorSampling(threshold=0.0), ValueError, "`threshold` must be > 0, got 0.0"),
+        (lambda: RepeatFactorSampling(threshold=-0.1), ValueError, "`threshold` must be > 0"),
+        (lambda: RepeatFactorSampling(threshold=float("nan")), TypeError, "`threshold` must be a finite number"),
+        (lambda: RepeatFactorSampling(labels=3), TypeError, "`labels` must be an array"),
+        (lambda: CurriculumOrdering(start_fraction=0.0), ValueError, r"`start_fraction` must be in \(0, 1\]"),
+        (lambda: CurriculumOrdering(start_fraction=1.2), ValueError, r"`start_fraction` must be in \(0, 1\]"),
+        (lambda: CurriculumOrdering(start_fraction=-0.5), ValueError, r"`start_fraction` must be in \(0, 1\]"),
+        (lambda: CurriculumOrdering("cosine"), ValueError, "`pacing` must be one of"),
+        (lambda: CurriculumOrdering(full_at=0), ValueError, "`full_at` must be > 0"),
+        (lambda: CurriculumOrdering(growth=0.9), ValueError, "`growth` must be > 1"),
+        (lambda: CurriculumOrdering(step_length=0), ValueError, "`step_length` must be >= 1"),
+        (lambda: CurriculumOrdering(difficulty="easy"), TypeError, "`difficulty` must be an array"),
+        (lambda: CurriculumOrdering(task_order="abc"), TypeError, "`task_order` must be a sequence of task ids"),
+    ],
+)
+def test_bad_arguments_fail_at_construction(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def nan_scorer(pl_module, batch):
+    return torch.full((len(batch[0]),), float("nan"))
+
+
+def short_scorer(pl_module, batch):
+    return torch.zeros(1)
+
+
+class NoLabels(SpeedupDataModule):
+    def setup(self, stage):
+        self.train_dataset = IndexedImages(16)
+
+
+class OwnLoader(IndexDM):
+    def train_dataloader(self):
+        return DataLoader(self.train_dataset, batch_size=8, shuffle=True)
+
+
+difficulty_with_nan = np.arange(80.0)
+difficulty_with_nan[7] = np.nan
+
+
+@pytest.mark.parametrize(
+    ("callbacks", "dm", "error", "match"),
+    [
+        (
+            [RepeatFactorSampling(labels=np.zeros(79, int))],
+            None,
+            ValueError,
+            "labels for 79 samples, but the training dataset has 80",
+        ),
+        ([RepeatFactorSampling(labels=lambda ds: [0] * 10)], None, ValueError, "labels for 10 samples"),
+        ([RepeatFactorSampling(labels=[-1] * 80)], None, ValueError, "Class ids must be >= 0"),
+        ([RepeatFactorSampling()], NoLabels(batch_size=8), ValueError, "needs class labels per training sample"),
+        ([CurriculumOrdering(difficulty=difficulty_with_nan)], None, ValueError, "1 NaN or infinite value.*sample 7"),
+        ([CurriculumOrdering(difficulty=np.arange(81.0))], None, ValueError, r"one value per training sample \(80\)"),
+        ([CurriculumOrdering(difficulty=nan_scorer)], None, ValueError, "the scorer's difficulty has 80 NaN"),
+        ([CurriculumOrdering(difficulty=short_scorer)], None, ValueError, "one score per sample"),
+        ([CurriculumOrdering()], NoLabels(batch_size=8), ValueError, "needs a difficulty per training sample"),
+        ([CurriculumOrdering(tasks=np.zeros(3))], None, ValueError, r"`tasks` must have one value per training sample"),
+        ([RepeatFactorSampling(), Provider()], None, ValueError, "Several callbacks supply the training sampler"),
+        ([RepeatFactorSampling()], OwnLoader(), RuntimeError, "did not supply the training sampler"),
+        ([CurriculumOrdering()], OwnLoader(), RuntimeError, "did not supply the training sampler"),
+    ],
+)
+def test_bad_input_fails_before_the_first_step(callbacks, dm, error, match):
+    model = IndexModel(80)
+    with pytest.raises(error, match=match):
+        trainer(max_epochs=1, callbacks=callbacks).fit(model, datamodule=dm or IndexDM(80))
+    assert model.seen == []
+
+
+def test_needs_a_speedup_datamodule_and_a_run_length():
+    model = IndexModel(80)
+    dm = IndexDM(80)
+    dm.setup("fit")
+    loader = DataLoader(dm.train_dataset, batch_size=8)
+    with pytest.raises(TypeError, match=r"through a `SpeedupDataModule`, but `trainer\.fit` got no datamodule"):
+        trainer(callbacks=[RepeatFactorSampling()]).fit(model, train_dataloaders=loader)
+    with pytest.raises(ValueError, match="has no `max_epochs` or `max_steps`"):
+        trainer(max_epochs=-1, callbacks=[CurriculumOrdering("root")]).fit(model, datamodule=IndexDM(80))
+    assert model.seen == []
+    # fixed exponential pacing needs no run length
+    trainer(max_epochs=-1, max_steps=3, callbacks=[CurriculumOrdering("fixed_exponential")]).fit(
+        model, datamodule=IndexDM(80)
+    )
+    assert len(model.seen) == 3

@@ -1,0 +1,500 @@
+"""LinearScalingWarmup in real fits: the learning rate each update *uses* (read inside `optimizer.step`) equals
+the scheduler's value times the warmup factor, whatever the scheduler, and nothing leaks into the scheduler."""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+from lightning.pytorch import seed_everything
+from lightning.pytorch.callbacks import (
+    BatchSizeFinder,
+    Callback,
+    GradientAccumulationScheduler,
+    LearningRateMonitor,
+    ModelCheckpoint,
+)
+from lightning.pytorch.plugins.precision import MixedPrecision
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler, TensorDataset
+
+from lightning_speedups import LinearScalingWarmup, SpeedupWarning
+from tests.helpers import ImagesDataModule, MemoryLogger, RecordingModule, image_tensors, trainer
+
+LR = 0.1
+
+
+class RecordingSGD(torch.optim.SGD):
+    """SGD that records, inside `step`, the learning rate of each group that this very update uses."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.used: list[list[float]] = []
+
+    def step(self, closure=None):
+        self.used.append([float(g["lr"]) for g in self.param_groups])
+        return super().step(closure)
+
+
+def make_scheduler(kind: str, opt: torch.optim.Optimizer, total: int):
+    if kind == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
+    if kind == "onecycle":
+        return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=LR, total_steps=total + 1)
+    if kind == "step":
+        return torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    if kind == "plateau":
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5)
+    assert kind == "none"
+    return None
+
+
+def scheduled_lrs(kind: str, total: int) -> list[float]:
+    """The learning rate of each of `total` updates by the scheduler alone, without Lightning or the callback."""
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=LR)
+    sched = make_scheduler(kind, opt, total)
+    out = []
+    for _ in range(total):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return out
+
+
+class WarmupModule(RecordingModule):
+    """Tiny classifier with a chosen scheduler (stepped every update) and a `batch_size` for BatchSizeFinder."""
+
+    def __init__(self, scheduler: str = "cosine", total: int = 8, batch_size: int = 16, groups: int = 1) -> None:
+        super().__init__(record=False, lr=LR)
+        self.scheduler, self.total, self.batch_size, self.groups = scheduler, total, batch_size, groups
+        self.opt: RecordingSGD | None = None
+        self.sched = None
+        self.after_batch: list[float] = []  # param_groups[0]["lr"] after each batch: must be the scheduler's
+        self.sched_states: list[dict] = []  # the scheduler's state_dict after each batch
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("const", 1.0)  # a metric that never improves, for ReduceLROnPlateau
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.after_batch.append(self.opt.param_groups[0]["lr"])
+        if self.sched is not None:
+            self.sched_states.append(copy.deepcopy(self.sched.state_dict()))
+
+    def configure_optimizers(self):
+        if self.groups == 1:
+            params = self.parameters()
+        else:
+            params = [{"params": self.net.conv.parameters()}, {"params": self.net.fc.parameters(), "lr": LR / 10}]
+        self.opt = RecordingSGD(params, lr=LR)
+        self.sched = make_scheduler(self.scheduler, self.opt, self.total)
+        if self.sched is None:
+            return self.opt
+        config = {"scheduler": self.sched, "interval": "step"}
+        if self.scheduler == "plateau":
+            config.update(monitor="const", interval="epoch")
+        return {"optimizer": self.opt, "lr_scheduler": config}
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(*image_tensors(64)), batch_size=self.batch_size)
+
+    def val_dataloader(self):  # BatchSizeFinder's trials run validation too
+        return DataLoader(TensorDataset(*image_tensors(16, seed=1)), batch_size=16)
+
+    @property
+    def used(self) -> list[float]:
+        return [lrs[0] for lrs in self.opt.used]
+
+
+def fit(module, callbacks=(), **kwargs):
+    t = trainer(callbacks=list(callbacks), **kwargs)
+    t.fit(module)
+    return t
+
+
+def ramp(t: int, warmup: int, scale: float) -> float:
+    """The paper's gradual warmup, written out: from the unscaled lr to `scale` times it over `warmup` updates."""
+    return 1 + (scale - 1) * min(1.0, t / warmup) if warmup else scale
+
+
+# ---------------------------------------------------------------------- the effective learning rate
+@pytest.mark.parametrize("scheduler", ["cosine", "onecycle"])
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_effective_lr_is_the_schedule_times_the_formula(scheduler, accumulate):
+    # 64 samples / batch 16 = 4 batches per epoch; 8 updates in all. Global batch 16 * accumulate vs reference 8.
+    scale, warmup = 2.0 * accumulate, 4
+    module = WarmupModule(scheduler)
+    cb = LinearScalingWarmup(reference_batch_size=8, warmup=warmup, warmup_unit="steps")
+    fit(module, [cb], max_epochs=2 * accumulate, accumulate_grad_batches=accumulate)
+
+    sched = scheduled_lrs(scheduler, 8)
+    expected = [lr * ramp(t, warmup, scale) for t, lr in enumerate(sched)]
+    assert module.used == pytest.approx(expected, rel=1e-9)
+    assert module.used[0] == pytest.approx(sched[0])  # the paper's warmup starts at the unscaled lr
+    assert cb.scale == scale and cb.updates == [8]
+    # between updates the param group holds the scheduler's value: nothing leaked into the chainable schedule
+    stepped = module.after_batch[accumulate - 1 :: accumulate]
+    assert stepped == pytest.approx([*sched[1:], module.sched.get_last_lr()[0]], rel=1e-9)
+
+
+@pytest.mark.parametrize("scheduler", ["step", "plateau", "none"])
+def test_composes_multiplicatively_with_other_schedulers(scheduler):
+    seed_everything(0)
+    plain = WarmupModule(scheduler, total=12)
+    fit(plain, max_epochs=3)
+    seed_everything(0)
+    warmed = WarmupModule(scheduler, total=12)
+    fit(warmed, [LinearScalingWarmup(8, warmup=0.5, warmup_unit="epochs")], max_epochs=3)  # 2 updates
+    assert len(set(plain.used)) > 1 or scheduler == "none"  # the scheduler did change the lr
+    ratios = [w / p for w, p in zip(warmed.used, plain.used, strict=True)]
+    assert ratios == pytest.approx([1.0, 1.5] + [2.0] * 10)
+    assert warmed.after_batch == pytest.approx(plain.after_batch)  # the scheduler's own values are untouched
+
+
+@pytest.mark.parametrize("scheduler", ["cosine", "onecycle", "step", "plateau"])
+def test_scheduler_state_is_the_same_as_without_the_callback(scheduler):
+    plain, warmed = WarmupModule(scheduler, total=12), WarmupModule(scheduler, total=12)
+    fit(plain, max_epochs=3)
+    fit(warmed, [LinearScalingWarmup(4, warmup=5, warmup_unit="steps")], max_epochs=3)
+    assert len(plain.sched_states) == 12
+    assert plain.sched_states == warmed.sched_states  # bit for bit, after every step
+    assert plain.opt.param_groups[0]["lr"] == warmed.opt.param_groups[0]["lr"]
+    assert warmed.used != pytest.approx(plain.used)  # and yet the updates used other learning rates
+
+
+def test_warmup_from_zero_and_sqrt_rule():
+    module = WarmupModule("none")
+    cb = LinearScalingWarmup(4, warmup=3, warmup_unit="steps", rule="sqrt", warmup_from="zero")
+    fit(module, [cb], max_epochs=2)
+    assert cb.scale == 2.0  # sqrt(16 / 4)
+    assert module.used == pytest.approx([LR * f for f in [0.5, 1.0, 1.5, 2, 2, 2, 2, 2]])
+
+
+def test_warmup_in_epochs_and_fractions_counts_optimizer_updates():
+    cb = LinearScalingWarmup(8, warmup=1.5, warmup_unit="epochs")
+    fit(WarmupModule("none"), [cb], max_epochs=3, accumulate_grad_batches=2)  # 2 updates per epoch
+    assert cb.warmup_steps == 3
+    cb = LinearScalingWarmup(8, warmup=0.25, warmup_unit="fraction")
+    fit(WarmupModule("none", total=12), [cb], max_epochs=3)
+    assert cb.warmup_steps == 3
+
+
+def test_gradient_accumulation_scheduler_changes_the_scale_per_epoch():
+    module = WarmupModule("none")
+    cb = LinearScalingWarmup(8, warmup=0, warmup_unit="steps")
+    fit(module, [GradientAccumulationScheduler({0: 1, 1: 2}), cb], max_epochs=2)
+    # epoch 0: 4 updates of 16 samples (x2); epoch 1: 2 updates of 32 samples (x4)
+    assert module.used == pytest.approx([LR * 2] * 4 + [LR * 4] * 2)
+
+
+def test_a_tensor_learning_rate_is_replaced_during_the_update_never_changed_in_place():
+    class TensorLr(WarmupModule):
+        def configure_optimizers(self):
+            self.opt = RecordingSGD(self.parameters(), lr=torch.tensor(LR))
+            self.tensor_lr = self.opt.param_groups[0]["lr"]
+            self.sched = make_scheduler("cosine", self.opt, self.total)
+            return {"optimizer": self.opt, "lr_scheduler": {"scheduler": self.sched, "interval": "step"}}
+
+    module = TensorLr("cosine")
+    fit(module, [LinearScalingWarmup(8, warmup=4, warmup_unit="steps")], max_epochs=2)
+    assert module.used == pytest.approx([lr * ramp(t, 4, 2.0) for t, lr in enumerate(scheduled_lrs("cosine", 8))])
+    assert module.opt.param_groups[0]["lr"] is module.tensor_lr  # the scheduler's own tensor, which it fills
+    assert float(module.tensor_lr) == pytest.approx(module.sched.get_last_lr()[0])
+
+
+def test_an_update_that_raises_leaves_the_schedulers_learning_rate():
+    class Crash(WarmupModule):
+        def training_step(self, batch, batch_idx):
+            if self.global_step == 2:  # inside optimizer.step's closure: the factor is applied right now
+                self.lr_in_step = self.opt.param_groups[0]["lr"]
+                raise KeyError("boom")
+            return super().training_step(batch, batch_idx)
+
+    module = Crash("cosine")
+    with pytest.raises(KeyError, match="boom"):
+        fit(module, [LinearScalingWarmup(8, warmup=4, warmup_unit="steps")], max_epochs=2)
+    sched = scheduled_lrs("cosine", 8)
+    assert module.lr_in_step == pytest.approx(sched[2] * 1.5)
+    assert module.opt.param_groups[0]["lr"] == pytest.approx(sched[2])  # restored: safe to checkpoint or go on
+
+
+# ---------------------------------------------------------------------- groups, optimizers, logging
+@pytest.mark.parametrize("opt_out", ["key", "pair", "index"])
+def test_a_param_group_can_opt_out(opt_out):
+    class KeyOptOut(WarmupModule):
+        def configure_optimizers(self):
+            config = super().configure_optimizers()
+            self.opt.param_groups[1]["lr_scaling"] = False
+            return config
+
+    module = (KeyOptOut if opt_out == "key" else WarmupModule)("none", groups=2)
+    exclude = {"key": (), "pair": [(0, 1)], "index": [1]}[opt_out]
+    fit(module, [LinearScalingWarmup(8, warmup=0, warmup_unit="steps", exclude_groups=exclude)], max_epochs=1)
+    assert [lr for lrs in module.opt.used for lr in lrs] == pytest.approx([LR * 2, LR / 10] * 4)
+
+
+class TwoOptimizers(RecordingModule):
+    """Manual optimization: the first optimizer steps every batch, the second every other batch."""
+
+    def __init__(self) -> None:
+        super().__init__(record=False)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        first, second = self.optimizers()
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self(x), y)
+        first.zero_grad()
+        second.zero_grad()
+        self.manual_backward(loss)
+        first.step()
+        if batch_idx % 2 == 0:
+            second.step()
+
+    def configure_optimizers(self):
+        self.first = RecordingSGD(self.net.conv.parameters(), lr=LR)
+        self.second = RecordingSGD(self.net.fc.parameters(), lr=LR)
+        return self.first, self.second
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(*image_tensors(64)), batch_size=16)
+
+
+def test_several_optimizers_each_warm_up_on_their_own_updates():
+    module, logger = TwoOptimizers(), MemoryLogger()
+    cb = LinearScalingWarmup(8, warmup=4, warmup_unit="steps")
+    fit(module, [cb], max_epochs=2, logger=logger, log_every_n_steps=1)
+    assert [u[0] for u in module.first.used] == pytest.approx([LR * ramp(t, 4, 2.0) for t in range(8)])
+    assert [u[0] for u in module.second.used] == pytest.approx([LR * ramp(t, 4, 2.0) for t in range(4)])
+    assert cb.updates == [8, 4]
+    assert {"lr_warmup/lr-RecordingSGD", "lr_warmup/lr-RecordingSGD-1"} <= logger.history.keys()
+
+
+def test_logs_the_effective_lr_where_lr_monitor_shows_the_schedulers():
+    module, logger = WarmupModule("cosine", groups=2), MemoryLogger()
+    callbacks = [LinearScalingWarmup(8, warmup=4, warmup_unit="steps"), LearningRateMonitor("step")]
+    fit(module, callbacks, max_epochs=2, logger=logger, log_every_n_steps=1)
+    h = {k: [v for _, v in pts] for k, pts in logger.history.items()}
+    for j in (0, 1):
+        used = [lrs[j] for lrs in module.opt.used]
+        assert h[f"lr_warmup/lr-RecordingSGD/pg{j + 1}"] == pytest.approx(used)
+        scheduled = [u / ramp(t, 4, 2.0) for t, u in enumerate(used)]
+        assert h[f"lr-RecordingSGD/pg{j + 1}"] == pytest.approx(scheduled)  # LearningRateMonitor's view
+    assert h["lr_warmup/scale"] == [2.0] * 8 and h["lr_warmup/global_batch_size"] == [16.0] * 8
+    assert h["lr_warmup/factor"] == pytest.approx([ramp(t, 4, 2.0) for t in range(8)])
+
+
+# ---------------------------------------------------------------------- BatchSizeFinder
+@pytest.mark.parametrize("order", ["finder-first", "warmup-first"])
+def test_follows_the_batch_size_that_batch_size_finder_picks(tmp_path, order):
+    module = WarmupModule("cosine", batch_size=16)
+    finder = BatchSizeFinder(mode="power", init_val=2, max_trials=3, steps_per_trial=1)
+    cb = LinearScalingWarmup(4, warmup=4, warmup_unit="steps")
+    callbacks = [finder, cb] if order == "finder-first" else [cb, finder]
+    fit(module, callbacks, max_epochs=1, default_root_dir=tmp_path)
+    assert finder.optimal_batch_size == module.batch_size == 8  # 2 -> 4 -> 8: 8 batches of 8
+    trials, real = module.used[:3], module.used[3:]  # the trials step the same optimizer
+    assert trials == pytest.approx(scheduled_lrs("cosine", 8)[:3])  # unscaled: the callback sat the trials out
+    assert cb.scale == 2.0 and cb.updates == [8]  # 8 / 4; the trials' steps did not count
+    assert real == pytest.approx([lr * ramp(t, 4, 2.0) for t, lr in enumerate(scheduled_lrs("cosine", 8))])
+
+
+class ShrinkBatchAfterFirstEpoch(Callback):
+    def on_train_epoch_end(self, trainer, pl_module):
+        pl_module.batch_size = 8  # the loader is rebuilt with it (reload_dataloaders_every_n_epochs=1)
+
+
+def test_a_batch_size_changed_mid_run_is_read_again():
+    module = WarmupModule("none", batch_size=16)
+    cb = LinearScalingWarmup(8, warmup=0, warmup_unit="steps")
+    fit(module, [cb, ShrinkBatchAfterFirstEpoch()], max_epochs=2, reload_dataloaders_every_n_epochs=1)
+    assert module.used == pytest.approx([LR * 2] * 4 + [LR * 1] * 8)  # batch 16 -> x2, then batch 8 -> x1
+    assert cb.updates == [12] and cb.scale == 1.0
+
+
+# ---------------------------------------------------------------------- resume and skipped fp16 steps
+class AmpModule(WarmupModule):
+    """fp16 autocast with a grad scaler; the loss is infinite at the given global steps, so those are skipped."""
+
+    def __init__(self, inf_steps=(1, 2), **kwargs) -> None:
+        super().__init__("cosine", total=12, **kwargs)
+        self.inf_steps = inf_steps
+        self.skipped_seen: list[bool] = []
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        return loss * math.inf if self.global_step in self.inf_steps else loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        super().on_train_batch_end(outputs, batch, batch_idx)
+        self.skipped_seen.append(self.global_step - 1 in self.inf_steps)
+
+
+def amp_plugin(device: str = "cpu") -> MixedPrecision:
+    return MixedPrecision("16-mixed", device, scaler=torch.amp.GradScaler(device))
+
+
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"))],
+)
+def test_steps_skipped_by_the_grad_scaler_neither_advance_nor_corrupt_the_warmup(device):
+    module = AmpModule()
+    cb = LinearScalingWarmup(8, warmup=4, warmup_unit="steps")
+    fit(module, [cb], max_epochs=3, plugins=[amp_plugin(device)], accelerator=device)
+    sched = scheduled_lrs("cosine", 12)
+    real = [t for t in range(12) if t not in (1, 2)]  # global steps whose update was applied
+    assert len(module.used) == 10 and cb.updates == [10]  # torch never ran the two skipped updates
+    expected = [sched[t] * ramp(u, 4, 2.0) for u, t in enumerate(real)]
+    assert module.used == pytest.approx(expected, rel=1e-9)  # update u of the warmup, whatever the global step
+    assert module.after_batch == pytest.approx([*sched[1:], module.sched.get_last_lr()[0]], rel=1e-9)
+
+
+def run_resumable(tmp_path, callbacks, ckpt_path=None, plugins=(), save_every=None):
+    seed_everything(3)
+    module = AmpModule(inf_steps=(1, 2) if plugins else ())
+    extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=save_every, save_top_k=-1)] if save_every else []
+    t = trainer(callbacks=[*callbacks, *extra], max_epochs=3, plugins=list(plugins), enable_checkpointing=bool(extra))
+    t.fit(module, datamodule=ImagesDataModule(n=64, batch_size=16), ckpt_path=ckpt_path)
+    return module
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "fp16-skips"])
+def test_a_run_resumed_mid_warmup_continues_the_same_sequence(tmp_path, amp):
+    plugins = [amp_plugin()] if amp else []
+    full = run_resumable(
+        tmp_path, [LinearScalingWarmup(8, warmup=8, warmup_unit="steps")], plugins=plugins, save_every=5
+    )
+    ckpt = torch.load(tmp_path / "epoch=1-step=5.ckpt", weights_only=False)
+    assert ckpt["optimizer_states"][0]["param_groups"][0]["lr"] == pytest.approx(scheduled_lrs("cosine", 12)[5])
+    assert ckpt["callbacks"]["LinearScalingWarmup"]["updates"] == [3 if amp else 5]  # mid-warmup
+    cb = LinearScalingWarmup(8, warmup=8, warmup_unit="steps")
+    resumed = run_resumable(
+        tmp_path / "resumed", [cb], ckpt_path=str(tmp_path / "epoch=1-step=5.ckpt"), plugins=plugins
+    )
+    done = 3 if amp else 5  # updates applied before the checkpoint
+    assert resumed.used == pytest.approx(full.used[done:], rel=1e-12)
+    for a, b in zip(full.state_dict().values(), resumed.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------------- DDP
+class CheckEffectiveLrInWorkers(Callback):
+    def on_train_end(self, trainer, pl_module):
+        assert trainer.world_size == 2 and dist.is_initialized()
+        # per rank 32 samples / 8 = 4 batches, accumulating 2 -> 2 updates per epoch; global batch 8 * 2 * 2 = 32
+        expected = [LR * ramp(t, 2, 4.0) for t in range(4)]
+        assert pl_module.used == pytest.approx(expected, rel=1e-9)
+        gathered = [None, None]
+        dist.all_gather_object(gathered, pl_module.used)
+        assert gathered[0] == gathered[1]
+
+
+@pytest.mark.ddp
+@pytest.mark.skipif(sys.platform != "linux", reason="ddp_fork needs Linux")
+def test_world_size_enters_the_scale_under_ddp():
+    module = WarmupModule("none")
+    callbacks = [LinearScalingWarmup(8, warmup=2, warmup_unit="steps"), CheckEffectiveLrInWorkers()]
+    t = trainer(devices=2, strategy="ddp_fork", max_epochs=2, accumulate_grad_batches=2, callbacks=callbacks)
+    t.fit(module, datamodule=ImagesDataModule(n=64, batch_size=8))
+    assert t.state.finished  # the workers' assertions passed, or fit would have raised
+
+
+# ---------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"reference_batch_size": 0}, ValueError, r"`reference_batch_size` must be > 0, got 0\. It is the global"),
+        ({"reference_batch_size": -256}, ValueError, "`reference_batch_size` must be > 0, got -256"),
+        ({"reference_batch_size": 25.6}, TypeError, "`reference_batch_size` must be a positive int, got 25.6"),
+        ({"warmup": -1}, ValueError, r"`warmup` must be >= 0 \(0 applies the scaled learning rate"),
+        ({"warmup": -0.1, "warmup_unit": "fraction"}, ValueError, "`warmup` must be >= 0"),
+        ({"warmup": 1.5, "warmup_unit": "fraction"}, ValueError, r"`warmup` must be in \[0, 1\], got 1.5"),
+        ({"warmup": 2.5, "warmup_unit": "steps"}, ValueError, "whole number of optimizer updates, got 2.5"),
+        ({"warmup": math.inf}, TypeError, "`warmup` must be a finite number"),
+        ({"warmup_unit": "epoch"}, ValueError, r"`warmup_unit` must be one of \('steps', 'epochs', 'fraction'\)"),
+        ({"rule": "log"}, ValueError, "`rule` must be one of .* Use 'sqrt' for Adam"),
+        ({"warmup_from": "half"}, ValueError, "`warmup_from` must be one of"),
+        ({"batch_size": 0}, ValueError, "`batch_size` must be >= 1"),
+        ({"exclude_groups": [(0, -1)]}, ValueError, "`exclude_groups` items must be"),
+        ({"exclude_groups": 1}, TypeError, "`exclude_groups` must be a list"),
+    ],
+)
+def test_bad_arguments_fail_at_construction(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        LinearScalingWarmup(**kwargs)
+
+
+def test_a_warmup_longer_than_training_warns():
+    with pytest.warns(SpeedupWarning, match=r"warmup \(100 steps = 100 updates\) is longer than training \(4 updates"):
+        fit(WarmupModule("none"), [LinearScalingWarmup(8, warmup=100, warmup_unit="steps")], max_epochs=1)
+
+
+def test_a_trainer_with_no_optimizer_is_refused():
+    class NoOptimizer(WarmupModule):
+        def configure_optimizers(self):
+            return None
+
+    with pytest.raises(RuntimeError, match="scales the learning rate of your optimizers, but this trainer has none"):
+        fit(NoOptimizer(), [LinearScalingWarmup(8, warmup=1, warmup_unit="steps")], max_epochs=1)
+
+
+def test_excluded_groups_must_exist():
+    with pytest.raises(ValueError, match=r"names param group 3 in 3, but the optimizers have \[1\] param group"):
+        fit(WarmupModule(), [LinearScalingWarmup(8, exclude_groups=[3])], max_epochs=1)
+    with pytest.raises(ValueError, match=r"names optimizer 1 in \(1, 0\), but there are 1 optimizer"):
+        fit(WarmupModule(), [LinearScalingWarmup(8, exclude_groups=[(1, 0)])], max_epochs=1)
+
+
+class BatchesOfFour(torch.utils.data.Sampler):
+    """A batch sampler without a `batch_size` attribute."""
+
+    def __iter__(self):
+        return iter([list(range(i, i + 4)) for i in range(0, 64, 4)])
+
+    def __len__(self):
+        return 16
+
+
+def test_a_batch_size_that_cannot_be_read_must_be_given():
+    class CustomSampler(WarmupModule):
+        def train_dataloader(self):
+            return DataLoader(TensorDataset(*image_tensors(64)), batch_sampler=BatchesOfFour())
+
+    with pytest.raises(ValueError, match=r"cannot read the per-device batch size.*batch_size=<samples per device"):
+        fit(CustomSampler("none"), [LinearScalingWarmup(8, warmup=1)], max_epochs=1)
+    module = CustomSampler("none")
+    cb = LinearScalingWarmup(2, warmup=0, warmup_unit="steps", batch_size=4)
+    fit(module, [cb], max_epochs=1, limit_train_batches=2)
+    assert module.used == pytest.approx([LR * 2] * 2)
+
+    class BatchSamplerLoader(WarmupModule):  # a standard BatchSampler is read
+        def train_dataloader(self):
+            sampler = BatchSampler(SequentialSampler(range(64)), batch_size=32, drop_last=False)
+            return DataLoader(TensorDataset(*image_tensors(64)), batch_sampler=sampler)
+
+    cb = LinearScalingWarmup(8, warmup=0, warmup_unit="steps")
+    fit(BatchSamplerLoader("none"), [cb], max_epochs=1)
+    assert cb.scale == 4.0
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        x, y = image_tensors(32)
+        return iter(zip(x, y, strict=True))
+
+
+def test_a_warmup_in_epochs_needs_a_sized_loader():
+    class Streaming(WarmupModule):
+        def train_dataloader(self):
+            return DataLoader(Stream(), batch_size=8)
+
+    with pytest.raises(ValueError, match=r"needs a training loader with a length.*warmup_unit='steps'"):
+        fit(Streaming("none"), [LinearScalingWarmup(8, warmup=1)], max_steps=4)
+    cb = LinearScalingWarmup(8, warmup=2, warmup_unit="steps")
+    fit(Streaming("none"), [cb], max_steps=4)
+    assert cb.updates == [4]
