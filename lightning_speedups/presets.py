@@ -336,3 +336,94 @@ register(
         factory=_no_callbacks,
     )
 )
+
+_WARMUP = ("LinearScalingWarmup", {"reference_batch_size": "initial", "warmup": 0.05, "warmup_unit": "fraction"})
+_RESIZING = ("ProgressiveResizing", {"initial_scale": 0.5, "delay_fraction": 0.5, "finetune_fraction": 0.2})
+_VISION_NOTE = (
+    "Image classifiers with a `training_step` that calls cross entropy on (N, C, H, W) inputs and class-index "
+    "targets; the model must accept smaller images (global pooling before the classifier)."
+)
+
+register(
+    declarative(
+        "vision-mild",
+        "Cheaper early steps and softer targets: progressive resizing, label smoothing 0.1, LR scaling with warmup.",
+        "Modelled on Composer's 'Mild' ResNet recipe (progressive resizing 0.5 -> 1.0 with its default schedule, "
+        "label smoothing 0.1). Progressive resizing trains the first half at half size, so about half the model "
+        "compute is saved; label smoothing costs nothing per step. LinearScalingWarmup scales the learning rate "
+        "with the global batch relative to the batch your script asks for on one device, so on one device it "
+        "changes nothing and with N devices it ramps to N x over the first 5% of updates (Goyal et al.). "
+        "Helps: convolutional classifiers whose accuracy survives low-resolution training. Hurts: models with "
+        "fixed input sizes (flatten before the classifier, ViT without position interpolation), dense tasks "
+        "unless `resize_targets=True`.",
+        [_RESIZING, ("LabelSmoothing", {"smoothing": 0.1}), _WARMUP],
+        requires=_VISION_NOTE,
+    )
+)
+register(
+    declarative(
+        "vision-medium",
+        "vision-mild plus MixUp (alpha 0.2): more regularisation, for longer schedules.",
+        "Modelled on Composer's 'Medium' ResNet recipe, which adds MixUp to the mild one (alpha 0.2 as in its "
+        "ImageNet setting). MixUp regularises: it pays off on schedules long enough to overfit and can lower "
+        "accuracy on short ones.",
+        [_RESIZING, ("LabelSmoothing", {"smoothing": 0.1}), ("MixUp", {"alpha": 0.2}), _WARMUP],
+        requires=_VISION_NOTE,
+    )
+)
+register(
+    declarative(
+        "vision-aggressive",
+        "vision-medium plus CutMix and dropout removal: the most regularisation, for long schedules.",
+        "Adds CutMix (alpha 1.0) to the medium recipe; MixUp and CutMix each act on half the batches (a batch "
+        "may get both; its targets stay exact mixtures). DropoutRemoval switches off every dropout from the "
+        "start (convolutional recipes in Composer, FFCV and airbench use none), which also makes steps cheaper. "
+        "Helps: long schedules on models that overfit. Hurts: short schedules, where the extra regularisation "
+        "costs accuracy.",
+        [
+            _RESIZING,
+            ("LabelSmoothing", {"smoothing": 0.1}),
+            ("MixUp", {"alpha": 0.2, "p": 0.5}),
+            ("CutMix", {"alpha": 1.0, "p": 0.5}),
+            ("DropoutRemoval", {"start": 0.0}),
+            _WARMUP,
+        ],
+        requires=_VISION_NOTE,
+    )
+)
+register(
+    declarative(
+        "long-tail",
+        "Oversample rare classes: LVIS repeat-factor sampling (threshold 0.001).",
+        "Each sample is repeated max(1, sqrt(t / f)) times per epoch in expectation, f being the frequency of its "
+        "rarest class (Gupta et al., LVIS). On a balanced dataset every factor is 1 and nothing changes. Helps: "
+        "long-tailed classification and detection (rare-class accuracy). Hurts: epochs get longer by the mean "
+        "repeat factor, shown at fit start.",
+        [("RepeatFactorSampling", {"threshold": 0.001})],
+        requires="A SpeedupDataModule with `train_labels` (or `sample_labels()`): one class id or list per sample.",
+    )
+)
+register(
+    declarative(
+        "curriculum",
+        "Easiest samples first: a linear pacing from 20% of the data to all of it at half the run.",
+        "CurriculumOrdering with Wu et al.'s linear pacing (start_fraction 0.2, full_at 0.5), difficulty from the "
+        "datamodule. Wu et al. (ICLR 2021) found curricula help mainly on noisy labels and short budgets; "
+        "on clean data with a full schedule expect no gain.",
+        [("CurriculumOrdering", {"pacing": "linear", "start_fraction": 0.2, "full_at": 0.5})],
+        requires="A SpeedupDataModule with `train_difficulty` (or `sample_difficulty()`): one score per sample.",
+    )
+)
+register(
+    declarative(
+        "large-batch",
+        "The largest batch that fits (Lightning's BatchSizeFinder), with the LR scaled linearly and warmed up.",
+        "BatchSizeFinder doubles the batch from 2 until memory runs out or the batch exceeds the dataset; "
+        "LinearScalingWarmup then multiplies the learning rate by found batch / the batch your script asked for, "
+        "reached over the first 5% of updates (Goyal et al.: ResNet-50 at batch 8k matched batch 256). Helps: "
+        "throughput on accelerators with memory to spare. Hurts: beyond the batch sizes where the linear rule "
+        "holds, and small datasets (few updates per epoch).",
+        [("BatchSizeFinder", {"mode": "power", "steps_per_trial": 3}), _WARMUP],
+        requires="A `batch_size` attribute on the LightningModule or the DataModule (SpeedupDataModule has one).",
+    )
+)
