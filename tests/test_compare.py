@@ -43,6 +43,21 @@ def test_compare_on_a_tiny_budget_writes_its_table_and_plot(tmp_path, capsys):
     assert baseline["speedup_flops"] == pytest.approx(1.0)
 
 
+def test_a_flop_saving_preset_gets_the_equal_budget_baseline(tmp_path, capsys):
+    tiny = [a if a != '{"size": 8, "batch_size": 128}' else '{"size": 16, "batch_size": 128}' for a in TINY]
+    tiny[tiny.index("--max-epochs") + 1] = "2"
+    assert main(["compare", "--preset", "vision-mild", "--repeats", "1", *tiny, "--output", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    results = json.loads((tmp_path / "results.json").read_text())
+    by_arm = {s["arm"]: s for s in results["summaries"]}
+    base, mild, budget = by_arm["baseline"], by_arm["vision-mild"], by_arm["baseline @ recipe FLOPs"]
+    assert mild["flops"] < 0.8 * base["flops"]  # half the run at half size (8 px of 16)
+    # the control trains the baseline for the recipe's FLOPs: steps = recipe FLOPs / baseline FLOPs per step
+    assert budget["steps"] == round(mild["flops"] / (base["flops"] / base["steps"])) < base["steps"]
+    assert budget["flops"] == pytest.approx(mild["flops"], rel=0.1)
+    assert "Against the baseline shortened to the recipe's FLOPs" in printed
+
+
 def test_repeats_interleave_and_target_is_reported():
     cfg = CompareConfig(
         callbacks=["LabelSmoothing"],
@@ -61,8 +76,8 @@ def test_repeats_interleave_and_target_is_reported():
     assert [(r.arm, r.repeat) for r in report.runs] == [
         ("baseline", 0),
         ("callbacks: LabelSmoothing", 0),
+        ("callbacks: LabelSmoothing", 1),  # the first two arms swap places every other repeat
         ("baseline", 1),
-        ("callbacks: LabelSmoothing", 1),
     ]
     assert report.target == 0.05 and all(s.reached == 2 for s in report.summaries)
 
@@ -92,6 +107,7 @@ def test_repeats_interleave_and_target_is_reported():
         (["--repeats", "0"], "--repeats must be >= 1"),
         (["--preset", "baseline", "--callback", "MixUp"], "not both"),
         (["--callback", "MixUpp"], "No callback class named 'MixUpp'"),
+        (["--preset", "baseline"], "compare the baseline with itself"),
         (["--callback", "MixUp:alpha"], "arguments look like 'name=value'"),
         (["--callback", "MixUp:alpha=-1"], "`alpha` must be > 0"),
         (["--model-args", "[1]"], None),

@@ -81,6 +81,6 @@ def test_every_preset_trains_with_a_real_trainer_on_cpu(name, tmp_path):
 @pytest.mark.parametrize("name", BUILT_IN)
 def test_shipped_config_matches_the_registry(name):
     assert presets.config_path(name).read_text() == presets.to_yaml(name), (
-        "regenerate with: python -c \"from lightning_speedups import presets; "
+        'regenerate with: python -c "from lightning_speedups import presets; '
         "[(presets.CONFIG_DIR / f'{n}.yaml').write_text(presets.to_yaml(n)) for n in presets.names()]\""
     )
