@@ -29,7 +29,7 @@ def load_digits_tensors(
     try:
         from sklearn.datasets import load_digits
     except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("The digits demo needs scikit-learn: pip install 'lightning-speedups[compare]'") from err
+        raise ImportError("The digits demo needs scikit-learn: pip install 'lightning-speedups[demo]'") from err
     _checks.optional_int("size", size, minimum=8)
     _checks.in_range("val_fraction", val_fraction, 0.0, 1.0, low_open=True, high_open=True)
     bunch = load_digits()
@@ -50,8 +50,30 @@ def load_digits_tensors(
     return (x_train - mean) / std, y_train, (x_val - mean) / std, y_val
 
 
+def prototype_distance(x: Tensor, y: Tensor) -> Tensor:
+    """Difficulty per sample: distance to its class's mean image, over the class's mean distance.
+
+    A typical, clean digit sits near its class mean; an odd or sloppy one far away. Dividing by the class's
+    mean distance keeps classes with more varied shapes from all landing at the end of a curriculum.
+
+    >>> x = torch.tensor([[0.0], [2.0], [1.0], [1.0]]); y = torch.tensor([0, 0, 1, 1])
+    >>> prototype_distance(x, y).tolist()
+    [1.0, 1.0, 0.0, 0.0]
+    """
+    flat = x.reshape(len(x), -1).double()
+    out = torch.zeros(len(x), dtype=torch.float64)
+    for c in y.unique():
+        idx = (y == c).nonzero().squeeze(1)
+        d = (flat[idx] - flat[idx].mean(0)).norm(dim=1)
+        out[idx] = d / d.mean() if d.mean() > 0 else d
+    return out
+
+
 class DigitsDataModule(SpeedupDataModule):
     """Digits at ``size`` x ``size`` pixels (10 classes, 1,437 train / 360 validation samples).
+
+    Sets ``train_labels`` (for repeat-factor sampling) and ``train_difficulty`` (distance to the class's mean
+    image, :func:`prototype_distance`, for curricula).
 
     Args:
         size: image side in pixels (the originals are 8x8).
@@ -75,6 +97,8 @@ class DigitsDataModule(SpeedupDataModule):
             x_train, y_train, x_val, y_val = load_digits_tensors(self.size, self.val_fraction, self.split_seed)
             self.train_dataset = TensorDataset(x_train, y_train)
             self.val_dataset = TensorDataset(x_val, y_val)
+            self.train_labels = y_train.numpy()
+            self.train_difficulty = prototype_distance(x_train, y_train).numpy()
 
     def val_dataloader(self) -> Any:
         assert self.val_dataset is not None

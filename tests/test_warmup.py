@@ -303,6 +303,32 @@ def test_follows_the_batch_size_that_batch_size_finder_picks(tmp_path, order):
     assert real == pytest.approx([lr * ramp(t, 4, 2.0) for t, lr in enumerate(scheduled_lrs("cosine", 8))])
 
 
+@pytest.mark.parametrize("order", ["finder-first", "warmup-first"])
+def test_initial_reference_is_the_batch_asked_for_before_the_finder_changes_it(tmp_path, order):
+    module = WarmupModule("cosine", batch_size=4)
+    finder = BatchSizeFinder(mode="power", init_val=2, max_trials=3, steps_per_trial=1)
+    cb = LinearScalingWarmup("initial", warmup=4, warmup_unit="steps")
+    callbacks = [finder, cb] if order == "finder-first" else [cb, finder]
+    fit(module, callbacks, max_epochs=1, default_root_dir=tmp_path)
+    assert module.batch_size == 8 and cb.scale == 2.0  # tuned at 4 (what the module asked for), trained at 8
+    assert cb.state_dict()["initial_reference"] == 4
+    assert module.used[3:] == pytest.approx([lr * ramp(t, 4, 2.0) for t, lr in enumerate(scheduled_lrs("cosine", 8))])
+
+
+def test_initial_reference_on_one_device_leaves_the_learning_rate_alone():
+    module = WarmupModule("cosine", batch_size=16)
+    cb = LinearScalingWarmup("initial", warmup=2, warmup_unit="steps")
+    fit(module, [cb], max_epochs=1, accumulate_grad_batches=2)
+    assert cb.scale == 1.0 and cb.state_dict()["initial_reference"] == 32  # 16 x 2 accumulated
+    assert module.used == pytest.approx(scheduled_lrs("cosine", 8)[:2])  # 2 updates, exactly the scheduler's
+
+
+def test_initial_reference_is_restored_from_a_checkpoint():
+    cb = LinearScalingWarmup("initial")
+    cb.load_state_dict({"seed": None, "updates": [3], "initial_reference": 64})
+    assert cb._reference() == 64
+
+
 class ShrinkBatchAfterFirstEpoch(Callback):
     def on_train_epoch_end(self, trainer, pl_module):
         pl_module.batch_size = 8  # the loader is rebuilt with it (reload_dataloaders_every_n_epochs=1)
@@ -410,7 +436,7 @@ def test_world_size_enters_the_scale_under_ddp():
     [
         ({"reference_batch_size": 0}, ValueError, r"`reference_batch_size` must be > 0, got 0\. It is the global"),
         ({"reference_batch_size": -256}, ValueError, "`reference_batch_size` must be > 0, got -256"),
-        ({"reference_batch_size": 25.6}, TypeError, "`reference_batch_size` must be a positive int, got 25.6"),
+        ({"reference_batch_size": 25.6}, TypeError, "`reference_batch_size` must be a positive int or .initial., got"),
         ({"warmup": -1}, ValueError, r"`warmup` must be >= 0 \(0 applies the scaled learning rate"),
         ({"warmup": -0.1, "warmup_unit": "fraction"}, ValueError, "`warmup` must be >= 0"),
         ({"warmup": 1.5, "warmup_unit": "fraction"}, ValueError, r"`warmup` must be in \[0, 1\], got 1.5"),

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
@@ -67,7 +68,10 @@ class LinearScalingWarmup(SpeedupCallback):
 
     Args:
         reference_batch_size: the global batch size your learning rate was tuned for (256 in the ImageNet
-            recipes). Must be a positive int.
+            recipes), a positive int; or ``"initial"``: the batch your script asks for on one device (the
+            ``batch_size`` of the module or datamodule when ``fit`` sets up, else the first training loader's,
+            times ``accumulate_grad_batches``), so the learning rate is scaled only when more devices or a
+            ``BatchSizeFinder`` grow the global batch. The presets use ``"initial"``; it is kept in checkpoints.
         warmup: warmup length in ``warmup_unit``; 0 applies the full factor from the first update.
         warmup_unit: ``"epochs"`` (the paper: 5), ``"steps"`` (optimizer updates) or ``"fraction"`` of the
             run's optimizer updates (in [0, 1]).
@@ -101,7 +105,7 @@ class LinearScalingWarmup(SpeedupCallback):
 
     def __init__(
         self,
-        reference_batch_size: int = 256,
+        reference_batch_size: int | Literal["initial"] = 256,
         warmup: float = 5,
         warmup_unit: WarmupUnit = "epochs",
         *,
@@ -112,18 +116,8 @@ class LinearScalingWarmup(SpeedupCallback):
         log_knobs: bool = True,
     ) -> None:
         super().__init__(log_knobs=log_knobs)
-        if isinstance(reference_batch_size, bool) or not isinstance(reference_batch_size, int):
-            raise TypeError(
-                f"`reference_batch_size` must be a positive int, got {reference_batch_size!r}. It is the global "
-                "batch size your learning rate was tuned for (256 for the ImageNet recipes)."
-            )
-        self.reference_batch_size = int(
-            _checks.positive(
-                "reference_batch_size",
-                reference_batch_size,
-                hint="It is the global batch size your learning rate was tuned for (256 for the ImageNet recipes).",
-            )
-        )
+        self.reference_batch_size = _check_reference(reference_batch_size)
+        self._initial_reference: int | None = None
         self.warmup_unit = _choice("warmup_unit", warmup_unit, WARMUP_UNITS)
         self.warmup = _check_warmup(warmup, self.warmup_unit)
         self.rule = _choice("rule", rule, SCALING_RULES, hint="Use 'sqrt' for Adam-family optimizers.")
@@ -162,6 +156,12 @@ class LinearScalingWarmup(SpeedupCallback):
         if stage == "fit":
             self._updates = None  # a checkpoint's count, if any, is loaded after this
             self._plan = None
+            self._initial_reference = None
+            if self.reference_batch_size == "initial" and lightning_hasattr(pl_module, "batch_size"):
+                # read before BatchSizeFinder (on_fit_start) changes it; a checkpoint's value wins later
+                size = lightning_getattr(pl_module, "batch_size")
+                if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+                    self._initial_reference = size * int(trainer.accumulate_grad_batches)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._check_optimizers(trainer)
@@ -204,12 +204,18 @@ class LinearScalingWarmup(SpeedupCallback):
 
     # ------------------------------------------------------------------ state and logging
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "updates": list(self._updates) if self._updates is not None else None}
+        return {
+            **super().state_dict(),
+            "updates": list(self._updates) if self._updates is not None else None,
+            "initial_reference": self._initial_reference,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         updates = state_dict.get("updates")
         self._updates = [int(u) for u in updates] if updates is not None else None
+        if state_dict.get("initial_reference") is not None:
+            self._initial_reference = int(state_dict["initial_reference"])
 
     def knobs(self) -> dict[str, float]:
         if self._plan is None or self._last_factor is None:
@@ -294,6 +300,12 @@ class LinearScalingWarmup(SpeedupCallback):
         self._handles = []
 
     # ------------------------------------------------------------------ batch size and warmup length
+    def _reference(self) -> int:
+        if self.reference_batch_size != "initial":
+            return int(self.reference_batch_size)
+        assert self._initial_reference is not None
+        return self._initial_reference
+
     def _refresh_plan(self, trainer: pl.Trainer) -> _Plan:
         batch_size = self.batch_size or _loader_batch_size(trainer.train_dataloader)
         accumulate = int(trainer.accumulate_grad_batches)
@@ -303,7 +315,10 @@ class LinearScalingWarmup(SpeedupCallback):
         if self._plan is not None and self._plan.key == key:
             return self._plan
         global_batch = global_batch_size(batch_size, accumulate, world_size)
-        scale = batch_scale(global_batch, self.reference_batch_size, self.rule)
+        if self.reference_batch_size == "initial" and self._initial_reference is None:
+            self._initial_reference = batch_size * accumulate
+        reference = self._reference()
+        scale = batch_scale(global_batch, reference, self.rule)
         per_epoch = total = None
         if self.warmup_unit == "epochs":
             if not math.isfinite(num_batches):
@@ -325,7 +340,7 @@ class LinearScalingWarmup(SpeedupCallback):
         rank_zero_info(
             f"{type(self).__name__}: global batch {global_batch} = {batch_size} per device x {accumulate} "
             f"accumulated x {world_size} device(s); learning rate x {scale:.4g} ({self.rule} rule, reference "
-            f"{self.reference_batch_size}), warmup {steps} update(s){' (batch size changed)' if changed else ''}."
+            f"{reference}), warmup {steps} update(s){' (batch size changed)' if changed else ''}."
         )
         return self._plan
 
@@ -362,6 +377,20 @@ class LinearScalingWarmup(SpeedupCallback):
 
 
 # ---------------------------------------------------------------------- helpers
+_REFERENCE_HINT = (
+    "It is the global batch size your learning rate was tuned for (256 for the ImageNet recipes), or 'initial' "
+    "for the batch your script asks for on one device."
+)
+
+
+def _check_reference(value: Any) -> int | str:
+    if value == "initial":
+        return "initial"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`reference_batch_size` must be a positive int or 'initial', got {value!r}. {_REFERENCE_HINT}")
+    return int(_checks.positive("reference_batch_size", value, hint=_REFERENCE_HINT))
+
+
 def _choice(name: str, value: Any, choices: tuple[str, ...], hint: str = "") -> Any:
     if value not in choices:
         raise ValueError(f"`{name}` must be one of {choices}, got {value!r}.{' ' + hint if hint else ''}")

@@ -1,0 +1,122 @@
+"""The ``lightning-speedups`` command: ``compare`` (the main job) and ``presets``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from lightning_speedups import presets
+
+
+def _json_dict(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({err}): {text!r}") from err
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object like '{{\"lr\": 0.1}}', got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lightning-speedups",
+        description="PyTorch Lightning callbacks that make training faster without compromising results.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    cmp = sub.add_parser(
+        "compare",
+        help="train a baseline and a preset side by side and show the speedup and the accuracy",
+        description=(
+            "Train the baseline, a preset (or a list of callbacks), and the baseline shortened to the preset's "
+            "training FLOPs; print a side-by-side table of accuracy, time, CPU time and FLOPs to a target, and "
+            "save a plot. Default task: scikit-learn's bundled digits, upscaled to 32 px, with a small ResNet."
+        ),
+    )
+    cmp.add_argument("--preset", default=None, help="preset name (see `lightning-speedups presets`)")
+    cmp.add_argument(
+        "--callback",
+        dest="callbacks",
+        action="append",
+        default=[],
+        metavar="NAME[:k=v,...]",
+        help="a callback instead of a preset, e.g. MixUp:alpha=0.4 (repeatable)",
+    )
+    cmp.add_argument("--model", help="your LightningModule class, as package.module:Class")
+    cmp.add_argument("--datamodule", help="your LightningDataModule class, as package.module:Class")
+    cmp.add_argument("--model-args", type=_json_dict, default={}, help="JSON keyword arguments of --model")
+    cmp.add_argument("--datamodule-args", type=_json_dict, default={}, help="JSON keyword arguments of --datamodule")
+    cmp.add_argument("--accelerator", default="auto", help="Lightning accelerator (default: auto)")
+    cmp.add_argument("--devices", type=int, default=1, help="devices per run (default: 1)")
+    cmp.add_argument("--max-epochs", type=int, default=12, help="epochs of the baseline and the preset (default: 12)")
+    cmp.add_argument("--target", type=float, default=None, help="target metric in (0, 1] (default: baseline's final)")
+    cmp.add_argument("--metric", default="val_acc", help="validation metric logged by the model (default: val_acc)")
+    cmp.add_argument("--seed", type=int, default=0, help="seed of the first repeat (default: 0)")
+    cmp.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians reported (default: 3)")
+    cmp.add_argument("--output", type=Path, default=Path("compare-output"), help="directory for report and plot")
+    cmp.add_argument("--no-budget-baseline", action="store_true", help="skip the equal-FLOPs baseline")
+    cmp.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    pre = sub.add_parser("presets", help="list the presets, or describe one")
+    pre.add_argument("name", nargs="?", help="describe this preset")
+    pre.add_argument("--config", action="store_true", help="print the preset's shipped LightningCLI YAML config")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "presets":
+        return _presets(args)
+    return _compare(args)
+
+
+def _presets(args: argparse.Namespace) -> int:
+    try:
+        if args.name is None:
+            for name in presets.names():
+                print(f"{name:20s} {presets.lookup(name).summary}")
+        elif args.config:
+            print(presets.to_yaml(args.name), end="")
+        else:
+            print(presets.describe(args.name))
+    except (presets.UnknownPresetError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from lightning_speedups.compare import CompareConfig, CompareError, run_comparison
+
+    cfg = CompareConfig(
+        preset=args.preset,
+        callbacks=args.callbacks,
+        model=args.model,
+        datamodule=args.datamodule,
+        model_args=args.model_args,
+        datamodule_args=args.datamodule_args,
+        accelerator=args.accelerator,
+        devices=args.devices,
+        max_epochs=args.max_epochs,
+        target=args.target,
+        metric=args.metric,
+        seed=args.seed,
+        repeats=args.repeats,
+        output=args.output,
+        budget_baseline=not args.no_budget_baseline,
+        progress=not args.no_progress,
+    )
+    try:
+        run_comparison(cfg)
+    except CompareError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,487 @@
+"""``lightning-speedups compare``: train a baseline and a recipe side by side, and show what the recipe buys.
+
+Three arms, run in turn for each repeat (repeats interleave, and the first two swap places every other repeat,
+so machine noise hits every arm alike):
+
+1. **baseline**: the model as configured, no callbacks;
+2. **the recipe**: a preset (or a list of callbacks);
+3. **baseline at the recipe's budget**: the baseline with its schedule shortened (``max_steps``) to the recipe's
+   counted training FLOPs. A speedup that a shorter schedule alone gives is no speedup; this arm shows it.
+
+Every arm records, at each validation, wall time, process CPU time, counted training FLOPs, steps and the
+validation metric (:class:`~lightning_speedups.meter.TrainingMeter`). The target defaults to the baseline's
+final metric (median over repeats); the time, CPU time and FLOPs to reach it are reported with the speedups.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib
+import json
+import logging
+import statistics
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+
+from lightning_speedups import presets
+from lightning_speedups.meter import Checkpoint, MissingMetricError, TrainingMeter
+
+BASELINE, BUDGET = "baseline", "baseline @ recipe FLOPs"
+DEFAULT_PRESET = "vision-mild"
+
+
+class CompareError(Exception):
+    """A problem with the user's request: printed as a message, not a traceback."""
+
+
+@dataclass
+class CompareConfig:
+    """What to compare; the CLI flags of ``lightning-speedups compare`` map one to one onto these fields."""
+
+    preset: str | None = None  # None: DEFAULT_PRESET, unless callbacks are given
+    callbacks: list[str] = field(default_factory=list)
+    model: str | None = None
+    datamodule: str | None = None
+    model_args: dict[str, Any] = field(default_factory=dict)
+    datamodule_args: dict[str, Any] = field(default_factory=dict)
+    accelerator: str = "auto"
+    devices: int = 1
+    max_epochs: int = 12
+    target: float | None = None
+    metric: str = "val_acc"
+    seed: int = 0
+    repeats: int = 3
+    output: Path | None = Path("compare-output")
+    budget_baseline: bool = True
+    progress: bool = True
+
+
+@dataclass
+class RunResult:
+    arm: str
+    repeat: int
+    history: list[Checkpoint]
+    flops: float
+    steps: int
+
+    @property
+    def final(self) -> float:
+        return self.history[-1].metric if self.history else float("nan")
+
+    @property
+    def wall(self) -> float:
+        return self.history[-1].wall if self.history else float("nan")
+
+    @property
+    def cpu(self) -> float:
+        return self.history[-1].cpu if self.history else float("nan")
+
+    def to_target(self, target: float) -> Checkpoint | None:
+        """The first validation at or above ``target`` (MLPerf's "first reached")."""
+        return next((c for c in self.history if c.metric >= target), None)
+
+
+@dataclass
+class ArmSummary:
+    arm: str
+    runs: int
+    final: float
+    wall: float
+    cpu: float
+    flops: float
+    steps: float
+    reached: int
+    wall_to_target: float | None
+    cpu_to_target: float | None
+    flops_to_target: float | None
+    speedup_wall: float | None = None
+    speedup_cpu: float | None = None
+    speedup_flops: float | None = None
+
+
+@dataclass
+class Report:
+    config: dict[str, Any]
+    recipe: str
+    target: float
+    summaries: list[ArmSummary]
+    runs: list[RunResult]
+
+    def summary(self, arm: str) -> ArmSummary | None:
+        return next((s for s in self.summaries if s.arm == arm), None)
+
+
+# ------------------------------------------------------------------------------------------ loading
+def load_object(path: str, what: str) -> Any:
+    """``package.module:Name`` or ``package.module.Name`` -> the object, with a clear error otherwise."""
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise CompareError(f"--{what} {path!r} is not an import path like 'my_package.my_module:MyClass'.")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise CompareError(f"--{what} {path!r}: cannot import module {module_name!r} ({err}).") from err
+    try:
+        return getattr(module, attr)
+    except AttributeError as err:
+        raise CompareError(f"--{what} {path!r}: module {module_name!r} has no attribute {attr!r}.") from err
+
+
+def parse_callback(spec: str) -> Callback:
+    """``"MixUp"`` or ``"MixUp:alpha=0.4,p=0.5"`` -> a callback instance."""
+    name, _, arg_text = spec.partition(":")
+    try:
+        cls = presets.resolve_callback_class(name.strip())
+    except ValueError as err:
+        raise CompareError(f"--callback {spec!r}: {err}") from err
+    kwargs: dict[str, Any] = {}
+    for item in filter(None, (a.strip() for a in arg_text.split(","))):
+        key, eq, raw = item.partition("=")
+        if not eq:
+            raise CompareError(f"--callback {spec!r}: arguments look like 'name=value', got {item!r}.")
+        try:
+            kwargs[key.strip()] = ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError):
+            kwargs[key.strip()] = raw.strip()
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise CompareError(f"--callback {spec!r}: {err}") from err
+
+
+def _factories(cfg: CompareConfig) -> tuple[Callable[[], pl.LightningModule], Callable[[], pl.LightningDataModule]]:
+    if (cfg.model is None) != (cfg.datamodule is None):
+        raise CompareError("Give both --model and --datamodule (or neither, for the embedded digits task).")
+    if cfg.model is None:
+        from lightning_speedups.demo import DigitsDataModule, ImageClassifier
+
+        model_cls: Any = ImageClassifier
+        dm_cls: Any = DigitsDataModule
+    else:
+        model_cls = load_object(cfg.model, "model")
+        dm_cls = load_object(cfg.datamodule, "datamodule")
+        if not (isinstance(model_cls, type) and issubclass(model_cls, pl.LightningModule)):
+            raise CompareError(f"--model {cfg.model!r} is not a LightningModule class.")
+        if not (isinstance(dm_cls, type) and issubclass(dm_cls, pl.LightningDataModule)):
+            raise CompareError(f"--datamodule {cfg.datamodule!r} is not a LightningDataModule class.")
+
+    def make(cls: Any, args: dict[str, Any], what: str) -> Any:
+        try:
+            return cls(**args)
+        except TypeError as err:
+            raise CompareError(f"Could not build the {what} {cls.__name__}({_fmt(args)}): {err}") from err
+
+    return (lambda: make(model_cls, cfg.model_args, "model")), (lambda: make(dm_cls, cfg.datamodule_args, "datamodule"))
+
+
+def _fmt(args: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in args.items())
+
+
+def _recipe(cfg: CompareConfig) -> tuple[str, Callable[[], list[Callback]], dict[str, Any]]:
+    """(label, callbacks factory, extra trainer settings) of the arm under test."""
+    if cfg.callbacks:
+        if cfg.preset is not None:
+            raise CompareError("Give --preset or --callback, not both.")
+        for spec in cfg.callbacks:  # fail on bad specs now, not after the baseline trained
+            parse_callback(spec)
+        return "callbacks: " + ", ".join(cfg.callbacks), lambda: [parse_callback(s) for s in cfg.callbacks], {}
+    name = cfg.preset or DEFAULT_PRESET
+    if name == BASELINE:
+        raise CompareError("--preset baseline would compare the baseline with itself; pick another preset.")
+    try:
+        recipe = presets.get(name, accelerator=cfg.accelerator, devices=cfg.devices)
+    except presets.UnknownPresetError as err:
+        raise CompareError(str(err)) from err
+    extra = {
+        k: v for k, v in recipe.trainer_kwargs.items() if k not in ("accelerator", "devices", "precision", "strategy")
+    }
+    return name, lambda: presets.get(name, accelerator=cfg.accelerator, devices=cfg.devices).callbacks, extra
+
+
+def _measure_at_full_size(callbacks: list[Callback]) -> list[Callback]:
+    """Validate every arm at full size: ProgressiveResizing's default validation at the training scale reads
+    the accuracy of the small-image model, which would flatter the time to target."""
+    from lightning_speedups import ProgressiveResizing
+
+    for cb in callbacks:
+        if isinstance(cb, ProgressiveResizing):
+            cb.validation = cb.val_remedy = "full"
+    return callbacks
+
+
+def _check(cfg: CompareConfig) -> None:
+    if cfg.target is not None and not 0.0 < cfg.target <= 1.0:
+        raise CompareError(f"--target must be in (0, 1] (an accuracy), got {cfg.target}.")
+    if cfg.repeats < 1:
+        raise CompareError(f"--repeats must be >= 1, got {cfg.repeats}.")
+    if cfg.max_epochs < 1:
+        raise CompareError(f"--max-epochs must be >= 1, got {cfg.max_epochs}.")
+    if cfg.devices < 1:
+        raise CompareError(f"--devices must be >= 1, got {cfg.devices}.")
+
+
+# ------------------------------------------------------------------------------------------ running
+class _Progress(Callback):
+    """One progress bar over every epoch of every run."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking and self.bar is not None:
+            self.bar.update(1)
+
+
+def _run(
+    arm: str,
+    repeat: int,
+    cfg: CompareConfig,
+    make_model: Callable[[], pl.LightningModule],
+    make_dm: Callable[[], pl.LightningDataModule],
+    callbacks: list[Callback],
+    extra: dict[str, Any],
+    bar: Any,
+    max_steps: int = -1,
+) -> RunResult:
+    pl.seed_everything(cfg.seed + repeat, verbose=False)
+    meter = TrainingMeter(cfg.metric)
+    if bar is not None:
+        bar.set_description(f"repeat {repeat + 1}/{cfg.repeats} · {arm}")
+    trainer = pl.Trainer(
+        accelerator=cfg.accelerator,
+        devices=cfg.devices,
+        strategy=presets.recommended_strategy(cfg.devices),
+        precision=presets.recommended_precision(cfg.accelerator),
+        max_epochs=cfg.max_epochs,
+        max_steps=max_steps,
+        callbacks=[*callbacks, meter, _Progress(bar)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        **extra,
+    )
+    try:
+        trainer.fit(make_model(), datamodule=make_dm())
+    except MissingMetricError as err:
+        raise CompareError(str(err)) from err
+    return RunResult(arm=arm, repeat=repeat, history=list(meter.history), flops=meter.flops, steps=trainer.global_step)
+
+
+@contextlib.contextmanager
+def _quiet_lightning() -> Any:
+    """Keep Lightning's per-run banners and data-loader hints out of the comparison's output."""
+    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+            warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _summarise(arm: str, runs: list[RunResult], target: float) -> ArmSummary:
+    hits = [c for c in (r.to_target(target) for r in runs) if c is not None]
+    return ArmSummary(
+        arm=arm,
+        runs=len(runs),
+        final=statistics.median(r.final for r in runs),
+        wall=statistics.median(r.wall for r in runs),
+        cpu=statistics.median(r.cpu for r in runs),
+        flops=statistics.median(r.flops for r in runs),
+        steps=statistics.median(r.steps for r in runs),
+        reached=len(hits),
+        wall_to_target=_median([c.wall for c in hits]) if len(hits) * 2 > len(runs) else None,
+        cpu_to_target=_median([c.cpu for c in hits]) if len(hits) * 2 > len(runs) else None,
+        flops_to_target=_median([c.flops for c in hits]) if len(hits) * 2 > len(runs) else None,
+    )
+
+
+def _ratio(base: float | None, other: float | None) -> float | None:
+    return base / other if base and other else None
+
+
+def run_comparison(cfg: CompareConfig, out: TextIO | None = None) -> Report:
+    """Run every arm ``cfg.repeats`` times, interleaved; print (to ``out``, default stdout) and save the report."""
+    out = out or sys.stdout
+    _check(cfg)
+    make_model, make_dm = _factories(cfg)
+    label, make_callbacks, extra = _recipe(cfg)
+
+    epochs_per_repeat = cfg.max_epochs * (3 if cfg.budget_baseline else 2)
+    bar = None
+    if cfg.progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=epochs_per_repeat * cfg.repeats, unit="epoch", file=sys.stderr, dynamic_ncols=True)
+    runs: list[RunResult] = []
+    try:
+        with _quiet_lightning():
+            for repeat in range(cfg.repeats):
+                # alternate which of the two goes first, so a slow spell does not always hit the same arm
+                pair: dict[str, RunResult] = {}
+                for arm in (BASELINE, label) if repeat % 2 == 0 else (label, BASELINE):
+                    callbacks = [] if arm == BASELINE else _measure_at_full_size(make_callbacks())
+                    settings = {} if arm == BASELINE else extra
+                    pair[arm] = _run(arm, repeat, cfg, make_model, make_dm, callbacks, settings, bar)
+                base, rec = pair[BASELINE], pair[label]
+                runs += list(pair.values())  # in the order they ran
+                if not cfg.budget_baseline:
+                    continue
+                per_step = base.flops / max(1, base.steps)
+                budget_steps = max(1, round(rec.flops / per_step)) if per_step else base.steps
+                if budget_steps < base.steps:
+                    runs.append(_run(BUDGET, repeat, cfg, make_model, make_dm, [], {}, bar, max_steps=budget_steps))
+                elif bar is not None:
+                    bar.update(cfg.max_epochs)  # the recipe saved no FLOPs: nothing to control for
+    finally:
+        if bar is not None:
+            bar.close()
+
+    finals = [r.final for r in runs if r.arm == BASELINE]
+    target = cfg.target if cfg.target is not None else statistics.median(finals)
+    arms = [BASELINE, label] + ([BUDGET] if any(r.arm == BUDGET for r in runs) else [])
+    summaries = [_summarise(a, [r for r in runs if r.arm == a], target) for a in arms]
+    base_summary = summaries[0]
+    for s in summaries:
+        s.speedup_wall = _ratio(base_summary.wall_to_target, s.wall_to_target)
+        s.speedup_cpu = _ratio(base_summary.cpu_to_target, s.cpu_to_target)
+        s.speedup_flops = _ratio(base_summary.flops_to_target, s.flops_to_target)
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+    report = Report(config=config, recipe=label, target=target, summaries=summaries, runs=runs)
+    text = format_report(report)
+    print(text, file=out)
+    if cfg.output is not None:
+        save_report(report, cfg.output, text)
+        print(f"\nSaved {cfg.output / 'report.md'}, {cfg.output / 'results.json'} and plots.", file=out)
+    return report
+
+
+# ------------------------------------------------------------------------------------------ output
+def _num(value: float | None, fmt: str) -> str:
+    return "not reached" if value is None else format(value, fmt)
+
+
+def _speed(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def format_report(report: Report) -> str:
+    """The side-by-side table as Markdown, with a verdict on the equal-budget control."""
+    cfg = report.config
+    task = "embedded digits task" if cfg["model"] is None else f"{cfg['model']} on {cfg['datamodule']}"
+    lines = [
+        f"## {report.recipe} vs baseline — {task}",
+        "",
+        f"{cfg['max_epochs']} epochs, {cfg['repeats']} repeat(s) interleaved, medians; target {cfg['metric']} "
+        f">= {report.target:.4f} ({'given' if cfg['target'] is not None else 'the baseline final, median'}).",
+        "",
+        f"| run | final {cfg['metric']} | wall s | CPU s | train GFLOP | steps | reached | wall s to target "
+        "| CPU s to target | GFLOP to target | speedup wall | speedup CPU | speedup FLOPs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in report.summaries:
+        gflop_t = None if s.flops_to_target is None else s.flops_to_target / 1e9
+        lines.append(
+            f"| {s.arm} | {s.final:.4f} | {s.wall:.1f} | {s.cpu:.1f} | {s.flops / 1e9:.2f} | {s.steps:.0f} | "
+            f"{s.reached}/{s.runs} | {_num(s.wall_to_target, '.1f')} | {_num(s.cpu_to_target, '.1f')} | "
+            f"{_num(gflop_t, '.2f')} | {_speed(s.speedup_wall)} | {_speed(s.speedup_cpu)} | "
+            f"{_speed(s.speedup_flops)} |"
+        )
+    recipe, budget = report.summary(report.recipe), report.summary(BUDGET)
+    if recipe is not None and budget is not None:
+        lines += ["", f"Against the baseline shortened to the recipe's FLOPs ({budget.steps:.0f} steps):"]
+        if budget.wall_to_target is None and recipe.wall_to_target is not None:
+            lines.append("the shortened baseline does not reach the target; the recipe does.")
+        elif recipe.wall_to_target is None:
+            lines.append("the recipe does not reach the target.")
+        else:
+            lines.append(
+                f"the recipe is {_speed(_ratio(budget.wall_to_target, recipe.wall_to_target))} faster in wall time "
+                f"and {_speed(_ratio(budget.flops_to_target, recipe.flops_to_target))} in FLOPs to the target."
+            )
+    lines += [
+        "",
+        "Wall and CPU time include validation; FLOPs are training FLOPs counted with torch.utils.flop_counter. "
+        "Every arm validates at full size (ProgressiveResizing's validation at the training scale is switched off "
+        "here, so the time to target is what a full-size model reaches).",
+    ]
+    return "\n".join(lines)
+
+
+def save_report(report: Report, output: Path, text: str) -> None:
+    """``report.md``, ``results.json`` and ``accuracy.png`` (if matplotlib is installed) under ``output``."""
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "report.md").write_text(text + "\n")
+    data = {
+        "config": report.config,
+        "recipe": report.recipe,
+        "target": report.target,
+        "summaries": [asdict(s) for s in report.summaries],
+        "runs": [
+            {
+                "arm": r.arm,
+                "repeat": r.repeat,
+                "flops": r.flops,
+                "steps": r.steps,
+                "history": [asdict(c) for c in r.history],
+            }
+            for r in report.runs
+        ],
+    }
+    (output / "results.json").write_text(json.dumps(data, indent=2))
+    plot_report(report, output / "accuracy.png")
+
+
+def plot_report(report: Report, path: Path) -> bool:
+    """Metric against wall time and against FLOPs, one line per run; ``False`` without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    colours = dict(zip([s.arm for s in report.summaries], ["tab:gray", "tab:blue", "tab:orange"], strict=False))
+    for run in report.runs:
+        xs_wall = [c.wall for c in run.history]
+        xs_flops = [c.flops / 1e9 for c in run.history]
+        ys = [c.metric for c in run.history]
+        label = run.arm if run.repeat == 0 else None
+        axes[0].plot(xs_wall, ys, marker=".", color=colours.get(run.arm), label=label, alpha=0.8)
+        axes[1].plot(xs_flops, ys, marker=".", color=colours.get(run.arm), label=label, alpha=0.8)
+    for ax, xlabel in zip(axes, ["wall time (s)", "training GFLOP"], strict=True):
+        ax.axhline(report.target, color="black", linestyle="--", linewidth=0.8)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(report.config["metric"])
+    lo = min((c.metric for r in report.runs for c in r.history), default=0.0)
+    axes[0].set_ylim(max(lo, report.target - 0.1), min(1.0, report.target + 0.02) + 0.005)
+    axes[0].legend(loc="lower right")
+    fig.suptitle(f"{report.recipe} vs baseline (dashed: target {report.target:.4f})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

@@ -1,0 +1,65 @@
+"""`SpeedupCLI`: LightningCLI with ``--preset NAME``.
+
+Callbacks by short name need no special CLI: importing ``lightning_speedups`` makes every callback known to
+LightningCLI (``--trainer.callbacks+=MixUp --trainer.callbacks.alpha=0.4``). ``SpeedupCLI`` adds a preset by
+name, appended to whatever callbacks the command line or config gives::
+
+    # train.py
+    from lightning_speedups.lightning_cli import SpeedupCLI
+    from my_project import MyModel, MyData
+
+    if __name__ == "__main__":
+        SpeedupCLI(MyModel, MyData)
+
+    # shell
+    python train.py fit --preset vision-mild --trainer.max_epochs 30
+
+The shipped YAML configs (``lightning-speedups presets NAME --config``) do the same for a plain LightningCLI:
+``python train.py fit --config vision-mild.yaml``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+import lightning_speedups  # noqa: F401  (registers the callbacks' short names)
+from lightning_speedups import presets
+
+
+class SpeedupCLI(LightningCLI):
+    """LightningCLI with a ``--preset NAME`` option; see the module docstring."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument(
+            "--preset",
+            type=str | None,
+            default=None,
+            help=f"a lightning-speedups preset, appended to the trainer's callbacks ({', '.join(presets.names())})",
+        )
+
+    def before_instantiate_classes(self) -> None:
+        name = self._get(self.config, "preset")
+        if name is not None:
+            try:
+                presets.lookup(name)
+            except presets.UnknownPresetError as err:
+                self._parser(self.subcommand).error(str(err))
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        name = self._get(self.config, "preset")
+        if name is not None:
+            trainer_cfg = self._get(self.config_init, "trainer", default={}) or {}
+            recipe = presets.get(
+                name,
+                accelerator=str(trainer_cfg.get("accelerator", "auto")),
+                devices=trainer_cfg.get("devices", 1),
+            )
+            existing = trainer_cfg.get("callbacks") or []
+            existing = existing if isinstance(existing, list) else [existing]
+            kwargs["callbacks"] = [*existing, *recipe.callbacks]
+            for key, value in presets.lookup(name).trainer.items():
+                kwargs.setdefault(key, value)
+        return super().instantiate_trainer(**kwargs)

@@ -1,0 +1,133 @@
+"""`TrainingMeter`: what a run cost and what it reached, recorded at every validation.
+
+Used by ``lightning-speedups compare`` and the benchmarks. FLOPs are *counted*, not estimated: the first
+training step of each distinct batch shape runs under ``torch.utils.flop_counter.FlopCounterMode`` (forward and
+backward), and every later step of that shape adds the same count. A technique that changes the input size
+(progressive resizing) therefore gets its FLOPs right at every size it trains at.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch.utils.flop_counter import FlopCounterMode
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+
+class MissingMetricError(LookupError):
+    """The monitored validation metric was not logged."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The state of a run at the end of one validation."""
+
+    step: int
+    epoch: int
+    wall: float  # seconds since fit start, validation included
+    cpu: float  # process CPU seconds since fit start (all threads of this process)
+    flops: float  # training FLOPs so far, all ranks
+    metric: float  # the monitored validation metric
+
+
+def _shape_key(batch: Any) -> tuple:
+    if isinstance(batch, torch.Tensor):
+        return (tuple(batch.shape), str(batch.dtype))
+    if isinstance(batch, dict):
+        return tuple((k, _shape_key(v)) for k, v in batch.items())
+    if isinstance(batch, list | tuple):
+        return tuple(_shape_key(v) for v in batch)
+    if hasattr(batch, "__dict__"):
+        return _shape_key(vars(batch))
+    return (type(batch).__name__,)
+
+
+class TrainingMeter(Callback):
+    """Record wall time, CPU time, counted training FLOPs, steps and a validation metric at each validation.
+
+    Args:
+        metric: the validation metric to record (a key of ``trainer.callback_metrics``).
+
+    After ``fit``, :attr:`history` holds one :class:`Checkpoint` per validation (sanity checks excluded), and
+    :attr:`flops` the training FLOPs of the whole run.
+    """
+
+    def __init__(self, metric: str = "val_acc") -> None:
+        self.metric = metric
+        self.history: list[Checkpoint] = []
+        self.flops = 0.0
+        self.flops_per_shape: dict[tuple, float] = {}
+        self._t0 = 0.0
+        self._c0 = 0.0
+        self._counting: tuple[tuple, FlopCounterMode] | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":  # before a checkpoint's state is restored
+            self.history, self.flops, self.flops_per_shape = [], 0.0, {}
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A resumed run continues the clocks of the checkpoint it restored.
+        last = self.history[-1] if self.history else None
+        self._t0 = time.perf_counter() - (last.wall if last else 0.0)
+        self._c0 = time.process_time() - (last.cpu if last else 0.0)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
+        key = _shape_key(batch)
+        if key in self.flops_per_shape:
+            self.flops += self.flops_per_shape[key] * trainer.world_size
+            return
+        mode = FlopCounterMode(display=False)
+        mode.__enter__()
+        self._counting = (key, mode)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        if self._counting is None:
+            return
+        key, mode = self._counting
+        self._stop_counting()
+        self.flops_per_shape[key] = float(mode.get_total_flops())
+        self.flops += self.flops_per_shape[key] * trainer.world_size
+
+    def _stop_counting(self) -> None:
+        if self._counting is not None:
+            self._counting[1].__exit__(None, None, None)
+            self._counting = None
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._stop_counting()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        value = trainer.callback_metrics.get(self.metric)
+        if value is None:
+            known = ", ".join(sorted(trainer.callback_metrics)) or "none"
+            raise MissingMetricError(
+                f"The validation metric {self.metric!r} was not logged (logged: {known}). Log it with "
+                f"`self.log({self.metric!r}, ...)` in `validation_step`, or choose another metric."
+            )
+        self.history.append(
+            Checkpoint(
+                step=trainer.global_step,
+                epoch=trainer.current_epoch,
+                wall=time.perf_counter() - self._t0,
+                cpu=time.process_time() - self._c0,
+                flops=self.flops,
+                metric=float(value),
+            )
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": [asdict(c) for c in self.history], "flops": self.flops}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = [Checkpoint(**c) for c in state_dict.get("history", [])]
+        self.flops = state_dict.get("flops", 0.0)

@@ -1,0 +1,429 @@
+"""Presets: named recipes of callbacks and Trainer settings, so users pick a name instead of tuning seven knobs.
+
+>>> from lightning_speedups import presets
+>>> "vision-mild" in presets.names()
+True
+>>> recipe = presets.get("vision-mild", accelerator="cpu")
+>>> recipe.trainer_kwargs["precision"]
+'32-true'
+
+``get`` returns a :class:`Recipe`: the callbacks and the recommended Trainer settings (precision for the
+hardware, Lightning's DDP strategy when several devices are asked for). ``recipe.trainer(max_epochs=...)``
+builds the Trainer. Overrides are keyed by callback class name: ``get("vision-medium", MixUp={"alpha": 0.4})``
+changes an argument, ``CutMix=None`` drops a callback.
+
+Third-party presets register with the :func:`register_preset` decorator, or from another package through the
+``lightning_speedups.presets`` entry-point group (an entry point names a module or object whose import
+registers its presets).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+
+ENTRY_POINT_GROUP = "lightning_speedups.presets"
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+CallbackSpec = tuple[str, Mapping[str, Any]]
+
+
+class UnknownPresetError(ValueError):
+    """No preset has this name; the message lists the known names and the closest match."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A registered recipe.
+
+    Args:
+        name: the name users pick it by.
+        summary: one line saying what it is for.
+        description: what it contains and why.
+        factory: ``factory(**overrides) -> list[Callback]``.
+        trainer: Trainer settings the recipe needs beyond precision and strategy.
+        requires: what the user's code must provide (e.g. a ``SpeedupDataModule``).
+        callbacks: the ``(class name, arguments)`` specs of a declarative preset (empty for a function).
+    """
+
+    name: str
+    summary: str
+    description: str
+    factory: Callable[..., list[Callback]]
+    trainer: Mapping[str, Any] = field(default_factory=dict)
+    requires: str = ""
+    callbacks: tuple[CallbackSpec, ...] = ()
+
+
+@dataclass
+class Recipe:
+    """What :func:`get` returns: callbacks plus recommended Trainer settings."""
+
+    name: str
+    callbacks: list[Callback]
+    trainer_kwargs: dict[str, Any]
+
+    def trainer(self, **kwargs: Any) -> pl.Trainer:
+        """A Trainer with this recipe; ``kwargs`` win over the recipe's settings, callbacks are appended."""
+        settings = {**self.trainer_kwargs, **kwargs}
+        settings["callbacks"] = [*self.callbacks, *kwargs.get("callbacks", [])]
+        return pl.Trainer(**settings)
+
+
+_REGISTRY: dict[str, Preset] = {}
+_entry_points_loaded = False
+
+
+def register(preset: Preset, *, overwrite: bool = False) -> Preset:
+    """Add ``preset`` to the registry; a name already taken raises unless ``overwrite``."""
+    if not isinstance(preset.name, str) or not preset.name:
+        raise ValueError(f"A preset needs a non-empty str name, got {preset.name!r}.")
+    if preset.name in _REGISTRY and not overwrite:
+        raise ValueError(f"A preset named {preset.name!r} exists already; pass overwrite=True to replace it.")
+    _REGISTRY[preset.name] = preset
+    return preset
+
+
+def register_preset(
+    name: str | None = None,
+    *,
+    summary: str | None = None,
+    description: str | None = None,
+    trainer: Mapping[str, Any] | None = None,
+    requires: str = "",
+    overwrite: bool = False,
+) -> Callable[[Callable[..., list[Callback]]], Callable[..., list[Callback]]]:
+    """Decorator: register a function returning a list of callbacks as a preset.
+
+    The name defaults to the function's name with ``_`` as ``-``; the summary and description to its
+    docstring. Keyword arguments of ``get(name, ...)`` other than ``accelerator``/``devices`` go to the function.
+
+    Example::
+
+        from lightning_speedups import LabelSmoothing, MixUp
+        from lightning_speedups.presets import register_preset
+
+        @register_preset("my-team-recipe")
+        def my_team_recipe(alpha: float = 0.3):
+            \"\"\"MixUp and label smoothing as our team tunes them.\"\"\"
+            return [MixUp(alpha=alpha), LabelSmoothing(0.05)]
+    """
+
+    def decorate(fn: Callable[..., list[Callback]]) -> Callable[..., list[Callback]]:
+        doc = inspect.getdoc(fn) or ""
+        register(
+            Preset(
+                name=name or fn.__name__.replace("_", "-"),
+                summary=summary or (doc.splitlines()[0] if doc else fn.__name__),
+                description=description or doc,
+                factory=fn,
+                trainer=dict(trainer or {}),
+                requires=requires,
+            ),
+            overwrite=overwrite,
+        )
+        return fn
+
+    return decorate
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+        except Exception as err:  # a broken plug-in must not break the built-in presets
+            warnings.warn(f"Could not load preset entry point {ep.name!r} ({ep.value}): {err}", stacklevel=2)
+            continue
+        if isinstance(obj, Preset) and obj.name not in _REGISTRY:
+            register(obj)
+
+
+def names() -> list[str]:
+    """Names of all registered presets, built-in and third-party."""
+    _load_entry_points()
+    return sorted(_REGISTRY)
+
+
+def lookup(name: str) -> Preset:
+    """The :class:`Preset` called ``name``; :class:`UnknownPresetError` lists the known names otherwise."""
+    _load_entry_points()
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    known = sorted(_REGISTRY)
+    close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.5)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise UnknownPresetError(f"Unknown preset {name!r}.{hint} Known presets: {', '.join(known)}.")
+
+
+def describe(name: str) -> str:
+    """What the preset contains and why, as text."""
+    preset = lookup(name)
+    lines = [f"{preset.name}: {preset.summary}"]
+    if preset.callbacks:
+        lines.append("callbacks:")
+        lines += [f"  - {cls}({_format_args(args)})" for cls, args in preset.callbacks]
+    elif preset.factory is not _no_callbacks:
+        lines.append(f"callbacks: built by {preset.factory.__module__}.{preset.factory.__qualname__}")
+    else:
+        lines.append("callbacks: none")
+    if preset.trainer:
+        lines.append(f"trainer: {_format_args(preset.trainer)}")
+    if preset.requires:
+        lines.append(f"requires: {preset.requires}")
+    if preset.description and preset.description != preset.summary:
+        lines += ["", preset.description]
+    return "\n".join(lines)
+
+
+def _format_args(args: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in args.items())
+
+
+def recommended_precision(accelerator: str = "auto") -> str:
+    """``bf16-mixed`` on CUDA devices that support bf16, ``16-mixed`` on older CUDA, else ``32-true``."""
+    on_cuda = accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available())
+    if not on_cuda or not torch.cuda.is_available():
+        return "32-true"
+    return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+
+
+def recommended_strategy(devices: int | str | Sequence[int]) -> str:
+    """Lightning's DDP when several devices are asked for, else Lightning's default."""
+    if isinstance(devices, Sequence) and not isinstance(devices, str):
+        several = len(devices) > 1
+    elif devices in (-1, "-1", "auto"):
+        several = torch.cuda.device_count() > 1
+    else:
+        several = int(devices) > 1
+    return "ddp" if several else "auto"
+
+
+def get(name: str, *, accelerator: str = "auto", devices: int | str | Sequence[int] = 1, **overrides: Any) -> Recipe:
+    """The callbacks and recommended Trainer settings of preset ``name``.
+
+    Args:
+        name: a name from :func:`names`.
+        accelerator: the accelerator the Trainer will use; sets the recommended precision.
+        devices: the devices the Trainer will use; more than one selects Lightning's DDP strategy.
+        **overrides: for declarative presets, ``ClassName={"arg": value}`` changes arguments of that callback
+            and ``ClassName=None`` drops it; for function presets, keyword arguments of the function.
+    """
+    preset = lookup(name)
+    callbacks = preset.factory(**overrides)
+    trainer_kwargs: dict[str, Any] = {
+        "accelerator": accelerator,
+        "devices": devices,
+        "precision": recommended_precision(accelerator),
+        "strategy": recommended_strategy(devices),
+        **preset.trainer,
+    }
+    return Recipe(name=preset.name, callbacks=list(callbacks), trainer_kwargs=trainer_kwargs)
+
+
+# ------------------------------------------------------------------------------------- declarative presets
+def resolve_callback_class(name: str) -> type[Callback]:
+    """A callback class by short name: ours first, then Lightning's."""
+    import lightning_speedups
+
+    for module in (lightning_speedups, importlib.import_module("lightning.pytorch.callbacks")):
+        cls = getattr(module, name, None)
+        if isinstance(cls, type) and issubclass(cls, Callback):
+            return cls
+    raise ValueError(f"No callback class named {name!r} in lightning_speedups or lightning.pytorch.callbacks.")
+
+
+def _no_callbacks(**overrides: Any) -> list[Callback]:
+    if overrides:
+        raise TypeError(f"The baseline preset has no callbacks to override ({', '.join(overrides)}).")
+    return []
+
+
+def declarative(
+    name: str,
+    summary: str,
+    description: str,
+    callbacks: Sequence[CallbackSpec],
+    *,
+    trainer: Mapping[str, Any] | None = None,
+    requires: str = "",
+) -> Preset:
+    """A preset built from ``(class name, arguments)`` specs; overrides are keyed by class name."""
+    specs = tuple((cls, dict(args)) for cls, args in callbacks)
+    known = [cls for cls, _ in specs]
+
+    def factory(**overrides: Any) -> list[Callback]:
+        unknown = sorted(set(overrides) - set(known))
+        if unknown:
+            raise TypeError(
+                f"Preset {name!r} has no callback {', '.join(unknown)} to override; it has {', '.join(known)}."
+            )
+        out = []
+        for cls_name, args in specs:
+            if cls_name in overrides and overrides[cls_name] is None:
+                continue
+            out.append(resolve_callback_class(cls_name)(**{**args, **(overrides.get(cls_name) or {})}))
+        return out
+
+    return Preset(name, summary, description, factory, dict(trainer or {}), requires, specs)
+
+
+def to_yaml(name: str) -> str:
+    """A LightningCLI config fragment (``trainer.callbacks``) for a declarative preset."""
+    preset = lookup(name)
+    if preset.factory is not _no_callbacks and not preset.callbacks:
+        raise ValueError(f"Preset {name!r} is built by a function; only declarative presets export to YAML.")
+    lines = [
+        f"# lightning-speedups preset {name!r}: {preset.summary}",
+        "# Use with LightningCLI: --config this.yaml (after `import lightning_speedups`), or SpeedupCLI --preset.",
+        "trainer:",
+    ]
+    if not preset.callbacks:
+        lines.append("  callbacks: []")
+    else:
+        lines.append("  callbacks:")
+    for cls_name, args in preset.callbacks:
+        cls = resolve_callback_class(cls_name)
+        home = (
+            "lightning_speedups" if cls.__module__.startswith("lightning_speedups") else "lightning.pytorch.callbacks"
+        )
+        lines.append(f"    - class_path: {home}.{cls.__name__}")
+        if args:
+            lines.append("      init_args:")
+            lines += [f"        {k}: {_yaml_scalar(v)}" for k, v in args.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _yaml_scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return f'"{value}"'
+
+
+def config_path(name: str) -> Path:
+    """Path of the YAML config the package ships for preset ``name``."""
+    lookup(name)
+    path = CONFIG_DIR / f"{name}.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"No shipped config for preset {name!r} (function presets have none).")
+    return path
+
+
+# ------------------------------------------------------------------------------------- built-in presets
+register(
+    Preset(
+        name="baseline",
+        summary="No speedup callbacks: the plain Lightning run to compare against.",
+        description="Nothing added; only the recommended precision and strategy for the hardware.",
+        factory=_no_callbacks,
+    )
+)
+
+_WARMUP = ("LinearScalingWarmup", {"reference_batch_size": "initial", "warmup": 0.05, "warmup_unit": "fraction"})
+_RESIZING = ("ProgressiveResizing", {"initial_scale": 0.5, "delay_fraction": 0.5, "finetune_fraction": 0.2})
+_VISION_NOTE = (
+    "Image classifiers with a `training_step` that calls cross entropy on (N, C, H, W) inputs and class-index "
+    "targets; the model must accept smaller images (global pooling before the classifier)."
+)
+
+register(
+    declarative(
+        "vision-mild",
+        "Cheaper early steps and softer targets: progressive resizing, label smoothing 0.1, LR scaling with warmup.",
+        "Modelled on Composer's 'Mild' ResNet recipe (progressive resizing 0.5 -> 1.0 with its default schedule, "
+        "label smoothing 0.1). Progressive resizing trains the first half at half size, so about half the model "
+        "compute is saved; label smoothing costs nothing per step. LinearScalingWarmup scales the learning rate "
+        "with the global batch relative to the batch your script asks for on one device, so on one device it "
+        "changes nothing and with N devices it ramps to N x over the first 5% of updates (Goyal et al.). "
+        "Helps: convolutional classifiers whose accuracy survives low-resolution training. Hurts: models with "
+        "fixed input sizes (flatten before the classifier, ViT without position interpolation), dense tasks "
+        "unless `resize_targets=True`.",
+        [_RESIZING, ("LabelSmoothing", {"smoothing": 0.1}), _WARMUP],
+        requires=_VISION_NOTE,
+    )
+)
+register(
+    declarative(
+        "vision-medium",
+        "vision-mild plus MixUp (alpha 0.2): more regularisation, for longer schedules.",
+        "Modelled on Composer's 'Medium' ResNet recipe, which adds MixUp to the mild one (alpha 0.2 as in its "
+        "ImageNet setting). MixUp regularises: it pays off on schedules long enough to overfit and can lower "
+        "accuracy on short ones.",
+        [_RESIZING, ("LabelSmoothing", {"smoothing": 0.1}), ("MixUp", {"alpha": 0.2}), _WARMUP],
+        requires=_VISION_NOTE,
+    )
+)
+register(
+    declarative(
+        "vision-aggressive",
+        "vision-medium plus CutMix and dropout removal: the most regularisation, for long schedules.",
+        "Adds CutMix (alpha 1.0) to the medium recipe; MixUp and CutMix each act on half the batches (a batch "
+        "may get both; its targets stay exact mixtures). DropoutRemoval switches off every dropout from the "
+        "start (convolutional recipes in Composer, FFCV and airbench use none), which also makes steps cheaper. "
+        "Helps: long schedules on models that overfit. Hurts: short schedules, where the extra regularisation "
+        "costs accuracy.",
+        [
+            _RESIZING,
+            ("LabelSmoothing", {"smoothing": 0.1}),
+            ("MixUp", {"alpha": 0.2, "p": 0.5}),
+            ("CutMix", {"alpha": 1.0, "p": 0.5}),
+            ("DropoutRemoval", {"start": 0.0}),
+            _WARMUP,
+        ],
+        requires=_VISION_NOTE,
+    )
+)
+register(
+    declarative(
+        "long-tail",
+        "Oversample rare classes: LVIS repeat-factor sampling (threshold 0.001).",
+        "Each sample is repeated max(1, sqrt(t / f)) times per epoch in expectation, f being the frequency of its "
+        "rarest class (Gupta et al., LVIS). On a balanced dataset every factor is 1 and nothing changes. Helps: "
+        "long-tailed classification and detection (rare-class accuracy). Hurts: epochs get longer by the mean "
+        "repeat factor, shown at fit start.",
+        [("RepeatFactorSampling", {"threshold": 0.001})],
+        requires="A SpeedupDataModule with `train_labels` (or `sample_labels()`): one class id or list per sample.",
+    )
+)
+register(
+    declarative(
+        "curriculum",
+        "Easiest samples first: a linear pacing from 20% of the data to all of it at half the run.",
+        "CurriculumOrdering with Wu et al.'s linear pacing (start_fraction 0.2, full_at 0.5), difficulty from the "
+        "datamodule. Wu et al. (ICLR 2021) found curricula help mainly on noisy labels and short budgets; "
+        "on clean data with a full schedule expect no gain.",
+        [("CurriculumOrdering", {"pacing": "linear", "start_fraction": 0.2, "full_at": 0.5})],
+        requires="A SpeedupDataModule with `train_difficulty` (or `sample_difficulty()`): one score per sample.",
+    )
+)
+register(
+    declarative(
+        "large-batch",
+        "The largest batch that fits (Lightning's BatchSizeFinder), with the LR scaled linearly and warmed up.",
+        "BatchSizeFinder doubles the batch from 2 until memory runs out or the batch exceeds the dataset; "
+        "LinearScalingWarmup then multiplies the learning rate by found batch / the batch your script asked for, "
+        "reached over the first 5% of updates (Goyal et al.: ResNet-50 at batch 8k matched batch 256). Helps: "
+        "throughput on accelerators with memory to spare. Hurts: beyond the batch sizes where the linear rule "
+        "holds, and small datasets (few updates per epoch).",
+        [("BatchSizeFinder", {"mode": "power", "steps_per_trial": 3}), _WARMUP],
+        requires="A `batch_size` attribute on the LightningModule or the DataModule (SpeedupDataModule has one).",
+    )
+)

@@ -1,0 +1,81 @@
+"""LightningCLI: every callback by short name, a preset by name (SpeedupCLI --preset), and the shipped configs."""
+
+from __future__ import annotations
+
+import pytest
+from lightning.pytorch.cli import LightningCLI
+
+from lightning_speedups import (
+    CurriculumOrdering,
+    CutMix,
+    DropoutRemoval,
+    LabelSmoothing,
+    LinearScalingWarmup,
+    MixUp,
+    ProgressiveResizing,
+    RepeatFactorSampling,
+    presets,
+)
+from lightning_speedups.demo import DigitsDataModule, ImageClassifier
+from lightning_speedups.lightning_cli import SpeedupCLI
+
+TRAINER = ["--trainer.accelerator=cpu", "--trainer.logger=false", "--trainer.enable_checkpointing=false"]
+
+
+@pytest.fixture(autouse=True)
+def _no_pytest_argv(monkeypatch):
+    monkeypatch.setattr("sys.argv", ["train.py"])  # LightningCLI warns when sys.argv and args both have options
+
+
+def cli(args: list[str], cls=LightningCLI):
+    return cls(ImageClassifier, DigitsDataModule, run=False, args=[*TRAINER, *args], save_config_callback=None)
+
+
+@pytest.mark.parametrize(
+    ("short", "cls", "arg", "value"),
+    [
+        ("MixUp", MixUp, "alpha", 0.4),
+        ("CutMix", CutMix, "alpha", 0.5),
+        ("LabelSmoothing", LabelSmoothing, "smoothing", 0.2),
+        ("ProgressiveResizing", ProgressiveResizing, "initial_scale", 0.25),
+        ("DropoutRemoval", DropoutRemoval, "start", 0.3),
+        ("LinearScalingWarmup", LinearScalingWarmup, "reference_batch_size", 128),
+        ("RepeatFactorSampling", RepeatFactorSampling, "threshold", 0.01),
+        ("CurriculumOrdering", CurriculumOrdering, "start_fraction", 0.3),
+    ],
+)
+def test_every_callback_by_short_name(short, cls, arg, value):
+    c = cli([f"--trainer.callbacks+={short}", f"--trainer.callbacks.{arg}={value}"])
+    ours = [cb for cb in c.trainer.callbacks if isinstance(cb, cls)]
+    assert len(ours) == 1
+    read = ours[0].pacing.start if arg == "start_fraction" else getattr(ours[0], arg)
+    assert read == value
+
+
+def test_a_bad_callback_argument_fails_before_training_and_names_it():
+    with pytest.raises(ValueError, match="`alpha` must be > 0"):
+        cli(["--trainer.callbacks+=MixUp", "--trainer.callbacks.alpha=-1"])
+
+
+def test_preset_by_name_appends_its_callbacks_to_the_command_lines():
+    c = cli(["--preset=vision-medium", "--trainer.callbacks+=DropoutRemoval"], cls=SpeedupCLI)
+    ours = [type(cb) for cb in c.trainer.callbacks if type(cb).__module__.startswith("lightning_speedups")]
+    assert ours == [DropoutRemoval, ProgressiveResizing, LabelSmoothing, MixUp, LinearScalingWarmup]
+
+
+def test_unknown_preset_is_a_parser_error_naming_the_closest(capsys):
+    with pytest.raises(SystemExit):
+        cli(["--preset=vision-mid"], cls=SpeedupCLI)
+    err = capsys.readouterr().err
+    assert "Unknown preset 'vision-mid'" in err and "Did you mean" in err
+
+
+@pytest.mark.parametrize("name", ["vision-aggressive", "large-batch", "baseline"])
+def test_shipped_config_loads_in_a_plain_lightning_cli(name):
+    c = cli([f"--config={presets.config_path(name)}"])
+    expected = [type(cb) for cb in presets.get(name, accelerator="cpu").callbacks]
+    got = [type(cb) for cb in c.trainer.callbacks if type(cb) in set(expected)]
+    assert got == expected
+    if name == "large-batch":
+        warmup = next(cb for cb in c.trainer.callbacks if isinstance(cb, LinearScalingWarmup))
+        assert warmup.reference_batch_size == "initial" and warmup.warmup_unit == "fraction"

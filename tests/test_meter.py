@@ -1,0 +1,54 @@
+"""TrainingMeter: FLOPs counted per batch shape against a hand computation; history at each validation."""
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_speedups.meter import MissingMetricError, TrainingMeter
+from tests.helpers import RecordingModule, trainer
+
+
+class Linear(RecordingModule):
+    def __init__(self):
+        super().__init__(record=False)
+        self.net = nn.Linear(10, 4, bias=False)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_acc", (self(x).argmax(1) == y).float().mean())
+
+
+def data(n):
+    return DataLoader(TensorDataset(torch.randn(n, 10), torch.randint(0, 4, (n,))), batch_size=16)
+
+
+def test_flops_are_counted_per_shape_and_match_hand_computation():
+    meter = TrainingMeter("val_acc")
+    # 40 samples in batches of 16: shapes 16, 16, 8 per epoch; 2 epochs
+    trainer(callbacks=[meter], max_epochs=2).fit(Linear(), data(40), data(16))
+    # forward x @ W^T: 2*N*10*4; backward: grad of W only (inputs need no grad): 2*N*10*4
+    per_sample = 2 * 10 * 4 * 2
+    assert meter.flops_per_shape and sorted(meter.flops_per_shape.values()) == [8 * per_sample, 16 * per_sample]
+    assert meter.flops == 2 * 40 * per_sample
+    assert [c.step for c in meter.history] == [3, 6]
+    assert meter.history[-1].flops == meter.flops
+    assert 0 <= meter.history[0].metric <= 1 and meter.history[1].wall >= meter.history[0].wall > 0
+
+
+def test_a_metric_that_was_not_logged_is_named():
+    with pytest.raises(MissingMetricError, match=r"'val_accuracy' was not logged.*val_acc"):
+        trainer(callbacks=[TrainingMeter("val_accuracy")], max_epochs=1).fit(Linear(), data(16), data(16))
+
+
+def test_counting_stops_on_exception():
+    class Boom(Linear):
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("boom")
+
+    meter = TrainingMeter()
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer(callbacks=[meter], max_epochs=1).fit(Boom(), data(16))
+    assert meter._counting is None
+    assert _get_current_dispatch_mode() is None  # no FlopCounterMode left active

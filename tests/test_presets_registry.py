@@ -1,0 +1,129 @@
+"""The preset registry: names, lookup errors, overrides, the decorator, entry points, Trainer settings."""
+
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from lightning_speedups import LabelSmoothing, MixUp, presets
+from lightning_speedups.presets import Preset, UnknownPresetError, declarative, register_preset
+
+
+@pytest.fixture
+def registry():
+    """Undo registrations made by a test."""
+    saved = dict(presets._REGISTRY)
+    loaded = presets._entry_points_loaded
+    yield presets._REGISTRY
+    presets._REGISTRY.clear()
+    presets._REGISTRY.update(saved)
+    presets._entry_points_loaded = loaded
+
+
+def test_unknown_name_lists_known_names_and_the_closest(registry):
+    presets.register(declarative("mixing-demo", "demo", "demo", [("MixUp", {})]))
+    with pytest.raises(UnknownPresetError) as info:
+        presets.get("mixing-dmo")
+    message = str(info.value)
+    assert "Did you mean 'mixing-demo'?" in message and "baseline" in message
+    with pytest.raises(UnknownPresetError, match="Known presets:"):
+        presets.describe("zzzzzz")
+
+
+def test_declarative_overrides_change_and_drop_callbacks(registry):
+    presets.register(
+        declarative("mix-and-smooth", "s", "d", [("MixUp", {"alpha": 0.2}), ("LabelSmoothing", {"smoothing": 0.1})])
+    )
+    cbs = presets.get("mix-and-smooth", accelerator="cpu").callbacks
+    assert [type(c) for c in cbs] == [MixUp, LabelSmoothing] and cbs[0].alpha == 0.2
+    cbs = presets.get("mix-and-smooth", accelerator="cpu", MixUp={"alpha": 0.7}, LabelSmoothing=None).callbacks
+    assert len(cbs) == 1 and cbs[0].alpha == 0.7
+    with pytest.raises(TypeError, match="has no callback CutMix to override; it has MixUp, LabelSmoothing"):
+        presets.get("mix-and-smooth", CutMix={})
+    with pytest.raises(ValueError, match="`alpha` must be > 0"):
+        presets.get("mix-and-smooth", MixUp={"alpha": 0})
+    # fresh instances each time: a recipe can be used by two trainers
+    assert presets.get("mix-and-smooth").callbacks[0] is not presets.get("mix-and-smooth").callbacks[0]
+    assert "MixUp(alpha=0.2)" in presets.describe("mix-and-smooth")
+
+
+def test_decorator_registers_a_function_preset(registry):
+    @register_preset("team-recipe", requires="nothing special")
+    def team_recipe(alpha: float = 0.3):
+        """MixUp as our team tunes it.
+
+        Longer explanation."""
+        return [MixUp(alpha=alpha)]
+
+    assert "team-recipe" in presets.names()
+    assert presets.get("team-recipe", alpha=0.5).callbacks[0].alpha == 0.5
+    text = presets.describe("team-recipe")
+    assert text.startswith("team-recipe: MixUp as our team tunes it.") and "requires: nothing special" in text
+    with pytest.raises(ValueError, match="exists already"):
+        register_preset("team-recipe")(team_recipe)
+    with pytest.raises(ValueError, match="only declarative presets export to YAML"):
+        presets.to_yaml("team-recipe")
+
+
+def test_entry_point_group_registers_third_party_presets(registry, tmp_path, monkeypatch):
+    (tmp_path / "acme_presets.py").write_text(
+        textwrap.dedent(
+            """
+            from lightning_speedups.presets import declarative
+            ACME = declarative("acme-fast", "Acme's recipe.", "Acme.", [("LabelSmoothing", {"smoothing": 0.2})])
+            """
+        )
+    )
+    dist = tmp_path / "acme_presets-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-presets\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[lightning_speedups.presets]\nacme = acme_presets:ACME\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    presets._entry_points_loaded = False
+    assert "acme-fast" in presets.names()
+    assert presets.get("acme-fast").callbacks[0].smoothing == 0.2
+    sys.modules.pop("acme_presets", None)
+
+
+def test_broken_entry_point_warns_and_keeps_the_built_ins(registry, tmp_path, monkeypatch):
+    dist = tmp_path / "broken-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[lightning_speedups.presets]\nbad = no_such_module:X\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    presets._entry_points_loaded = False
+    with pytest.warns(UserWarning, match="Could not load preset entry point 'bad'"):
+        assert "baseline" in presets.names()
+
+
+def test_recommended_trainer_settings(monkeypatch):
+    assert presets.recommended_precision("cpu") == "32-true"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert presets.recommended_precision("gpu") == "bf16-mixed"
+    assert presets.recommended_precision("auto") == "bf16-mixed"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert presets.recommended_precision("cuda") == "16-mixed"
+    assert presets.recommended_precision("cpu") == "32-true"
+    assert presets.recommended_strategy(1) == "auto"
+    assert presets.recommended_strategy(4) == "ddp"
+    assert presets.recommended_strategy([0, 1]) == "ddp"
+    recipe = presets.get("baseline", accelerator="cpu", devices=2)
+    assert recipe.trainer_kwargs == {"accelerator": "cpu", "devices": 2, "precision": "32-true", "strategy": "ddp"}
+
+
+def test_recipe_builds_a_trainer(registry):
+    presets.register(declarative("smooth", "s", "d", [("LabelSmoothing", {})], trainer={"gradient_clip_val": 1.0}))
+    recipe = presets.get("smooth", accelerator="cpu")
+    trainer = recipe.trainer(max_steps=1, callbacks=[MixUp()], logger=False)
+    names = [type(c).__name__ for c in trainer.callbacks]
+    assert names.index("LabelSmoothing") < names.index("MixUp")
+    assert trainer.gradient_clip_val == 1.0 and trainer.max_steps == 1
+
+
+def test_invalid_registrations(registry):
+    with pytest.raises(ValueError, match="non-empty str name"):
+        presets.register(Preset("", "s", "d", lambda: []))
+    with pytest.raises(TypeError, match="no callbacks to override"):
+        presets.get("baseline", MixUp={})
