@@ -1,0 +1,342 @@
+"""Time to accuracy on CPU: the baseline against each preset and against the baseline at the preset's FLOPs.
+
+For each task, every seed trains the baseline, each preset, and for each preset the baseline with its schedule
+shortened to that preset's counted training FLOPs (the equal-budget control). Within a seed the arms run in a
+rotated order, so a slow spell of the shared machine does not always hit the same arm. The target is the
+baseline's final validation accuracy (median over seeds); every arm validates at full size after each epoch.
+Reported per arm: median final accuracy, median wall-clock, process CPU time, training FLOPs (counted by
+``torch.utils.flop_counter``) and steps to the target, and the speedups (baseline's figure over the arm's).
+
+It reuses the engine of ``lightning-speedups compare`` (``lightning_speedups.compare``), with one baseline per
+seed shared by every preset.
+
+Usage::
+
+    PYTHONPATH=. python benchmarks/time_to_accuracy.py                    # digits and MNIST-1D, 3 seeds
+    PYTHONPATH=. python benchmarks/time_to_accuracy.py --quick            # vision-mild only
+    PYTHONPATH=. python benchmarks/time_to_accuracy.py --tasks digits --seeds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightning_speedups import compare, presets
+from lightning_speedups.compare import BASELINE, CompareConfig, RunResult
+
+try:  # run as a script (benchmarks/ on sys.path) or as the package module
+    from benchmarks.common import machine_description  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - the helper module is optional
+    machine_description = None
+
+# Goals of issue 7 for the best vision preset on digits.
+GOAL_SPEEDUP = 2.0
+GOAL_BUDGET_SPEEDUP = 1.3
+GOAL_ACC_DROP = 0.003
+
+
+@dataclass
+class Task:
+    name: str
+    title: str
+    model: str
+    datamodule: str
+    max_epochs: int
+    presets: list[tuple[str, str, dict[str, Any]]]  # (label, preset name, overrides)
+    model_args: dict[str, Any] = field(default_factory=dict)
+    datamodule_args: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+
+VISION = [("vision-mild", "vision-mild", {}), ("vision-medium", "vision-medium", {})]
+VISION += [("vision-aggressive", "vision-aggressive", {})]
+NO_RESIZING = {"ProgressiveResizing": None}
+TASKS = {
+    "digits": Task(
+        "digits",
+        "Digits (scikit-learn, 8 x 8 upscaled to 32 x 32), small ResNet",
+        "lightning_speedups.demo:ImageClassifier",
+        "lightning_speedups.demo:DigitsDataModule",
+        12,
+        [
+            *VISION,
+            ("ProgressiveResizing alone", "vision-mild", {"LabelSmoothing": None, "LinearScalingWarmup": None}),
+            ("LabelSmoothing alone", "vision-mild", {"ProgressiveResizing": None, "LinearScalingWarmup": None}),
+            ("curriculum", "curriculum", {}),
+        ],
+        note=(
+            "The digits are 8 x 8 images upscaled: training at half size loses nothing the full size has, so "
+            "progressive resizing looks better here than it would on natural images (an upper bound)."
+        ),
+    ),
+    "mnist1d": Task(
+        "mnist1d",
+        "MNIST-1D (mnist1d's generator, 4,000 train / 1,000 test, length 40), small 1-D CNN",
+        "benchmarks.mnist1d:MNIST1DClassifier",
+        "benchmarks.mnist1d:MNIST1DDataModule",
+        30,
+        [
+            ("vision-mild without resizing", "vision-mild", NO_RESIZING),
+            ("vision-medium without resizing", "vision-medium", NO_RESIZING),
+            ("vision-aggressive without resizing", "vision-aggressive", NO_RESIZING),
+        ],
+        note=(
+            "ProgressiveResizing works on 2-D images only, so on these 1-D signals the vision presets run "
+            "without it: they save no FLOPs, and the equal-budget control is the baseline itself."
+        ),
+    ),
+}
+
+
+def budget_label(label: str) -> str:
+    return f"baseline @ {label} FLOPs"
+
+
+def run_task(task: Task, seeds: int, only: list[str] | None = None, log: Any = print) -> dict[str, Any]:
+    """Train every arm of ``task`` for ``seeds`` seeds; the raw runs and their summaries."""
+    cfg = CompareConfig(
+        model=task.model,
+        datamodule=task.datamodule,
+        model_args=task.model_args,
+        datamodule_args=task.datamodule_args,
+        accelerator="cpu",
+        max_epochs=task.max_epochs,
+        repeats=seeds,
+        output=None,
+        progress=False,
+    )
+    make_model, make_dm = compare._factories(cfg)
+    arms = [p for p in task.presets if only is None or p[0] in only]
+    runs: list[RunResult] = []
+    started = time.perf_counter()
+    with compare._quiet_lightning():
+        for seed in range(seeds):
+            order = [(BASELINE, None, None), *arms]
+            shift = seed % len(order)
+            order = order[shift:] + order[:shift]
+            done: dict[str, RunResult] = {}
+            for label, name, overrides in order:
+                callbacks = [] if name is None else presets.get(name, accelerator="cpu", **overrides).callbacks
+                callbacks = compare._measure_at_full_size(callbacks)
+                done[label] = compare._run(label, seed, cfg, make_model, make_dm, callbacks, {}, None)
+                log(f"  [{task.name}] seed {seed} {label}: final {done[label].final:.4f}, {done[label].wall:.1f} s")
+            base = done[BASELINE]
+            per_step = base.flops / max(1, base.steps)
+            for label, _, _ in arms:
+                steps = max(1, round(done[label].flops / per_step))
+                if steps < base.steps:
+                    run = compare._run(budget_label(label), seed, cfg, make_model, make_dm, [], {}, None, steps)
+                    done[run.arm] = run
+                    log(f"  [{task.name}] seed {seed} {run.arm}: final {run.final:.4f}, {run.wall:.1f} s")
+            runs += done.values()
+    target = statistics.median(r.final for r in runs if r.arm == BASELINE)
+    names = [BASELINE] + [a[0] for a in arms] + [budget_label(a[0]) for a in arms]
+    summaries = {}
+    for arm in names:
+        arm_runs = [r for r in runs if r.arm == arm]
+        if arm_runs:
+            summaries[arm] = compare._summarise(arm, arm_runs, target)
+            hits = [c for c in (r.to_target(target) for r in arm_runs) if c is not None]
+            summaries[arm].steps_to_target = statistics.median(c.step for c in hits) if hits else None
+    return {
+        "task": task,
+        "seeds": seeds,
+        "target": target,
+        "runs": runs,
+        "summaries": summaries,
+        "arms": arms,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def _x(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def _n(value: float | None, fmt: str) -> str:
+    return "not reached" if value is None else format(value, fmt)
+
+
+def task_table(result: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The markdown table of one task and, per preset, the figures the goals are judged on."""
+    s, base = result["summaries"], result["summaries"][BASELINE]
+    lines = [
+        "| arm | final acc (median) | Δ acc vs baseline (pt) | reached | wall s to target | CPU s to target "
+        "| GFLOP to target | steps to target | speedup wall | speedup CPU | speedup FLOPs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    verdicts = []
+    for arm, summ in s.items():
+        gflop = None if summ.flops_to_target is None else summ.flops_to_target / 1e9
+        lines.append(
+            f"| {arm} | {summ.final:.4f} | {100 * (summ.final - base.final):+.2f} | {summ.reached}/{summ.runs} "
+            f"| {_n(summ.wall_to_target, '.1f')} | {_n(summ.cpu_to_target, '.1f')} | {_n(gflop, '.1f')} "
+            f"| {_n(summ.steps_to_target, '.0f')} | {_x(_ratio(base.wall_to_target, summ.wall_to_target))} "
+            f"| {_x(_ratio(base.cpu_to_target, summ.cpu_to_target))} "
+            f"| {_x(_ratio(base.flops_to_target, summ.flops_to_target))} |"
+        )
+    for label, _, _ in result["arms"]:
+        summ, budget = s[label], s.get(budget_label(label))
+        verdicts.append(
+            {
+                "preset": label,
+                "final_delta": summ.final - base.final,
+                "speedup_cpu": _ratio(base.cpu_to_target, summ.cpu_to_target),
+                "speedup_wall": _ratio(base.wall_to_target, summ.wall_to_target),
+                "speedup_flops": _ratio(base.flops_to_target, summ.flops_to_target),
+                "budget_reached": None if budget is None else budget.cpu_to_target is not None,
+                "vs_budget_cpu": None if budget is None else _ratio(budget.cpu_to_target, summ.cpu_to_target),
+                "vs_budget_wall": None if budget is None else _ratio(budget.wall_to_target, summ.wall_to_target),
+                "budget_final": None if budget is None else budget.final,
+            }
+        )
+    return lines, verdicts
+
+
+def plot_task(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+    arms = list(result["summaries"])
+    colours = {arm: plt.cm.tab10(i % 10) for i, arm in enumerate(arms)}
+    for run in result["runs"]:
+        ys = [c.metric for c in run.history]
+        label = run.arm if run.repeat == 0 else None
+        style = "--" if run.arm.startswith("baseline @") else "-"
+        axes[0].plot([c.cpu for c in run.history], ys, style, color=colours[run.arm], label=label, alpha=0.75)
+        axes[1].plot([c.flops / 1e9 for c in run.history], ys, style, color=colours[run.arm], alpha=0.75)
+    for ax, xlabel in zip(axes, ["process CPU time (s)", "training GFLOP"], strict=True):
+        ax.axhline(result["target"], color="black", linewidth=0.8, linestyle=":")
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("validation accuracy (full size)")
+    axes[0].set_ylim(max(0.0, result["target"] - 0.15), min(1.0, result["target"] + 0.03))
+    axes[0].legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"{result['task'].title}: {result['seeds']} seeds (dotted: target)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def section(quick: bool, out_dir: Path) -> str:
+    """The time-to-accuracy section of docs/benchmarks.md; plots go to ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    only = ["vision-mild", "vision-mild without resizing"] if quick else None
+    results = [run_task(t, seeds=3, only=only) for t in TASKS.values()]
+    date = time.strftime("%Y-%m-%d")
+    machine = machine_description() if machine_description else "this machine"
+    lines = [
+        "## Time to accuracy (CPU)",
+        "",
+        "```bash",
+        f"PYTHONPATH=. python benchmarks/run.py --only time_to_accuracy{' --quick' if quick else ''}",
+        "```",
+        "",
+        f"- Machine: {machine}. Date: {date}.",
+        "- Protocol: 3 seeds; within a seed the arms run in a rotated order; medians over seeds. Target: the "
+        "baseline's final validation accuracy (median). Every arm validates at full size after each epoch; times "
+        "include validation. Speedups are the baseline's time (CPU time, FLOPs) to the target over the arm's; an "
+        "arm 'reaches' the target when at least 2 of 3 seeds do. The equal-budget control (`baseline @ X FLOPs`) "
+        "is the baseline with its cosine schedule shortened to X's counted training FLOPs.",
+        "",
+    ]
+    goal_rows = []
+    for result in results:
+        task = result["task"]
+        table, verdicts = task_table(result)
+        plot = out_dir / f"time_to_accuracy_{task.name}.png"
+        plot_task(result, plot)
+        lines += [
+            f"### {task.title}",
+            "",
+            f"{task.max_epochs} epochs; target {result['target']:.4f}; {result['seconds'] / 60:.1f} min for this "
+            f"table. {task.note}",
+            "",
+            *table,
+            "",
+            f"![accuracy against CPU time and FLOPs]({plot.parent.name}/{plot.name})",
+            "",
+        ]
+        if task.name == "digits":
+            goal_rows = [v for v in verdicts if v["preset"].startswith("vision")]
+    if goal_rows:
+        lines += goal_lines(goal_rows)
+    raw = {
+        r["task"].name: {
+            "target": r["target"],
+            "runs": [
+                {
+                    "arm": x.arm,
+                    "seed": x.repeat,
+                    "flops": x.flops,
+                    "steps": x.steps,
+                    "final": x.final,
+                    "wall": x.wall,
+                    "cpu": x.cpu,
+                }
+                for x in r["runs"]
+            ],
+        }
+        for r in results
+    }
+    (out_dir / "time_to_accuracy.json").write_text(json.dumps(raw, indent=2))
+    return "\n".join(lines) + "\n"
+
+
+def goal_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The verdict on the issue's goal for the best vision preset on digits."""
+
+    def score(v: dict[str, Any]) -> float:
+        return min(v["speedup_cpu"] or 0.0, v["speedup_flops"] or 0.0)
+
+    best = max(rows, key=score)
+    met_speed = score(best) >= GOAL_SPEEDUP
+    met_acc = best["final_delta"] >= -GOAL_ACC_DROP
+    if best["budget_reached"] is False:
+        vs_budget, met_budget = "the equal-budget baseline never reaches the target", best["speedup_cpu"] is not None
+    else:
+        vs_budget = f"{_x(best['vs_budget_cpu'])} in CPU time against the equal-budget baseline"
+        met_budget = (best["vs_budget_cpu"] or 0.0) >= GOAL_BUDGET_SPEEDUP
+    verdict = "met" if met_speed and met_acc and met_budget else "**not met**"
+    return [
+        "**Goal** (best vision preset on digits: ≥ 2× in CPU time and FLOPs to the baseline's final accuracy, "
+        "final accuracy at most 0.3 points lower, ≥ 1.3× against the equal-budget baseline): "
+        f"{verdict}. Best: {best['preset']}, {_x(best['speedup_cpu'])} CPU time, {_x(best['speedup_flops'])} "
+        f"FLOPs, {_x(best['speedup_wall'])} wall-clock, final accuracy {100 * best['final_delta']:+.2f} points; "
+        f"{vs_budget}.",
+        "",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--only", nargs="+", default=None, help="preset labels to run (default: all)")
+    parser.add_argument("--json", type=Path, default=None, help="also save the summaries here")
+    args = parser.parse_args()
+    for name in args.tasks:
+        result = run_task(TASKS[name], args.seeds, args.only)
+        table, verdicts = task_table(result)
+        print(f"\n{TASKS[name].title}: target {result['target']:.4f}\n" + "\n".join(table))
+        if name == "digits":
+            print("\n".join(goal_lines([v for v in verdicts if v["preset"].startswith("vision")] or verdicts)))
+        if args.json:
+            args.json.write_text(json.dumps(verdicts, indent=2))
+
+
+if __name__ == "__main__":
+    main()
