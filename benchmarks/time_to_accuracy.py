@@ -20,6 +20,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -71,8 +72,11 @@ TASKS = {
             ("curriculum", "curriculum", {}),
         ],
         note=(
-            "The digits are 8 x 8 images upscaled: training at half size loses nothing the full size has, so "
-            "progressive resizing looks better here than it would on natural images (an upper bound)."
+            "The digits are 8 x 8 images upscaled, so training at half size loses no information; what "
+            "progressive resizing costs here is the change of scale between training and full-size validation, "
+            "which its short full-size tail (the last 20%, at a low learning rate) must undo. "
+            "`LabelSmoothing alone` and `ProgressiveResizing alone` are vision-mild with the other parts dropped "
+            "(on one device its LinearScalingWarmup changes nothing)."
         ),
     ),
     "mnist1d": Task(
@@ -128,12 +132,20 @@ def run_task(task: Task, seeds: int, only: list[str] | None = None, log: Any = p
                 log(f"  [{task.name}] seed {seed} {label}: final {done[label].final:.4f}, {done[label].wall:.1f} s")
             base = done[BASELINE]
             per_step = base.flops / max(1, base.steps)
+            by_steps: dict[int, RunResult] = {}  # presets with the same FLOPs share one control run
             for label, _, _ in arms:
                 steps = max(1, round(done[label].flops / per_step))
-                if steps < base.steps:
-                    run = compare._run(budget_label(label), seed, cfg, make_model, make_dm, [], {}, None, steps)
-                    done[run.arm] = run
-                    log(f"  [{task.name}] seed {seed} {run.arm}: final {run.final:.4f}, {run.wall:.1f} s")
+                if steps >= base.steps:
+                    continue
+                if steps not in by_steps:
+                    by_steps[steps] = compare._run(
+                        budget_label(label), seed, cfg, make_model, make_dm, [], {}, None, steps
+                    )
+                    log(
+                        f"  [{task.name}] seed {seed} {budget_label(label)} ({steps} steps): final "
+                        f"{by_steps[steps].final:.4f}, {by_steps[steps].wall:.1f} s"
+                    )
+                done[budget_label(label)] = dataclasses.replace(by_steps[steps], arm=budget_label(label))
             runs += done.values()
     target = statistics.median(r.final for r in runs if r.arm == BASELINE)
     names = [BASELINE] + [a[0] for a in arms] + [budget_label(a[0]) for a in arms]
@@ -143,7 +155,8 @@ def run_task(task: Task, seeds: int, only: list[str] | None = None, log: Any = p
         if arm_runs:
             summaries[arm] = compare._summarise(arm, arm_runs, target)
             hits = [c for c in (r.to_target(target) for r in arm_runs) if c is not None]
-            summaries[arm].steps_to_target = statistics.median(c.step for c in hits) if hits else None
+            majority = len(hits) * 2 > len(arm_runs)  # as compare's other "to target" figures
+            summaries[arm].steps_to_target = statistics.median(c.step for c in hits) if majority else None
     return {
         "task": task,
         "seeds": seeds,
@@ -250,7 +263,8 @@ def section(quick: bool, out_dir: Path) -> str:
         "baseline's final validation accuracy (median). Every arm validates at full size after each epoch; times "
         "include validation. Speedups are the baseline's time (CPU time, FLOPs) to the target over the arm's; an "
         "arm 'reaches' the target when at least 2 of 3 seeds do. The equal-budget control (`baseline @ X FLOPs`) "
-        "is the baseline with its cosine schedule shortened to X's counted training FLOPs.",
+        "is the baseline with its cosine schedule shortened to X's counted training FLOPs (presets with the same "
+        "FLOPs share one control run per seed).",
         "",
     ]
     goal_rows = []
@@ -299,14 +313,18 @@ def section(quick: bool, out_dir: Path) -> str:
 def goal_lines(rows: list[dict[str, Any]]) -> list[str]:
     """The verdict on the issue's goal for the best vision preset on digits."""
 
-    def score(v: dict[str, Any]) -> float:
-        return min(v["speedup_cpu"] or 0.0, v["speedup_flops"] or 0.0)
+    def score(v: dict[str, Any]) -> tuple[float, float]:
+        # reaching the target first, then the smaller of the CPU and FLOPs speedups, then the final accuracy
+        speed = min(v["speedup_cpu"] or 0.0, v["speedup_flops"] or 0.0)
+        return (speed, v["final_delta"])
 
     best = max(rows, key=score)
-    met_speed = score(best) >= GOAL_SPEEDUP
+    met_speed = score(best)[0] >= GOAL_SPEEDUP
     met_acc = best["final_delta"] >= -GOAL_ACC_DROP
-    if best["budget_reached"] is False:
-        vs_budget, met_budget = "the equal-budget baseline never reaches the target", best["speedup_cpu"] is not None
+    if best["speedup_cpu"] is None:
+        vs_budget, met_budget = "it does not reach the target in most seeds (nor does the equal-budget baseline)", False
+    elif best["budget_reached"] is False:
+        vs_budget, met_budget = "the equal-budget baseline never reaches the target", True
     else:
         vs_budget = f"{_x(best['vs_budget_cpu'])} in CPU time against the equal-budget baseline"
         met_budget = (best["vs_budget_cpu"] or 0.0) >= GOAL_BUDGET_SPEEDUP
