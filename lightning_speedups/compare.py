@@ -30,6 +30,7 @@ from typing import Any, TextIO
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_only
 
 from lightning_speedups import presets
 from lightning_speedups.meter import Checkpoint, MissingMetricError, TrainingMeter
@@ -331,7 +332,7 @@ def run_comparison(cfg: CompareConfig, out: TextIO | None = None) -> Report:
 
     epochs_per_repeat = cfg.max_epochs * (3 if cfg.budget_baseline else 2)
     bar = None
-    if cfg.progress:
+    if cfg.progress and rank_zero_only.rank == 0:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=epochs_per_repeat * cfg.repeats, unit="epoch", file=sys.stderr, dynamic_ncols=True)
@@ -371,6 +372,8 @@ def run_comparison(cfg: CompareConfig, out: TextIO | None = None) -> Report:
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
     report = Report(config=config, recipe=label, target=target, summaries=summaries, runs=runs)
     text = format_report(report)
+    if rank_zero_only.rank != 0:  # under DDP every rank runs the comparison; one reports it
+        return report
     print(text, file=out)
     if cfg.output is not None:
         save_report(report, cfg.output, text)

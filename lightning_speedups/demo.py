@@ -207,8 +207,9 @@ class ImageClassifier(pl.LightningModule):
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
         logits = self(x)
-        self.log("val_loss", F.cross_entropy(logits, y))
-        self.log("val_acc", (logits.argmax(1) == y).float().mean(), prog_bar=True)
+        # synced: under DDP each rank validates a shard, and every rank must read the same accuracy
+        self.log("val_loss", F.cross_entropy(logits, y), sync_dist=True)
+        self.log("val_acc", (logits.argmax(1) == y).float().mean(), prog_bar=True, sync_dist=True)
 
     def configure_optimizers(self) -> Any:
         hp = self.hparams
