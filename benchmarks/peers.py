@@ -1,0 +1,295 @@
+"""Our MixUp, CutMix, label smoothing and resizing ops against the peers', on the same batches (CPU; not a test).
+
+Peers: ``torchvision.transforms.v2.MixUp`` / ``CutMix``, timm's ``Mixup`` (a mixup-only and a cutmix-only
+instance) and, where it is installed, Composer's functional ops (``mixup_batch``, ``cutmix_batch``,
+``resize_batch``, ``smooth_labels``). Ours: the functional ops of :mod:`lightning_speedups.functional` and the
+callbacks' own path (``MixUp.transform_batch`` / ``CutMix.transform_batch``: per-batch seeded generator,
+batch fields, the op).
+
+Fairness: every variant gets the same float32 batch on the same device and thread count, and produces soft
+targets ``(N, C)``. Where a peer returns hard targets (Composer's ``mixup_batch``/``cutmix_batch`` return the
+partners' labels and ``lam``; its MixUp/CutMix algorithms mix the losses instead), the timed call includes
+building the soft targets from them, ``lerp(onehot(y_perm), onehot(y), lam)``; the op alone is shown too.
+timm's ``Mixup`` mixes the batch **in place** (our contract forbids that: a batch may alias a dataset's
+storage), so it gets its own copy of the batch, mixed again at every call. Composer's crop takes one window
+for the whole batch (a view), ours a window per sample (a copy): shown, not compared.
+
+Each figure is the median of interleaved samples (the variants of a group take turns in a shuffled order each
+round), each sample the mean of several calls.
+
+Usage::
+
+    PYTHONPATH=. python benchmarks/peers.py [--quick] [--threads 1]
+    COMPOSER_PYTHON=/path/to/venv/bin/python PYTHONPATH=. python benchmarks/peers.py   # Composer elsewhere
+
+Composer (``mosaicml``) pins its own torch, so it may live in another virtual environment that sees this
+one's packages; with ``COMPOSER_PYTHON`` set and Composer not importable here, the measurement runs in that
+interpreter (``--json``) and this one formats it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: make `benchmarks` and `lightning_speedups` importable
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import common  # noqa: E402
+from lightning_speedups import CutMix, MixUp  # noqa: E402
+from lightning_speedups.functional import cutmix_batch, mixup_batch, resize_batch, smooth_labels  # noqa: E402
+
+THREADS = 1
+#: (name, N, C, H, W, classes)
+BATCHES = [("256 x 3 x 32 x 32, 10 classes", 256, 3, 32, 32, 10), ("64 x 3 x 224 x 224, 1000 classes", 64, 3, 224, 224, 1000)]
+MIX_ALPHA, CUT_ALPHA, SMOOTHING = 0.2, 1.0, 0.1
+
+
+def _optional(name: str) -> Any:
+    try:
+        if name == "timm":
+            from timm.data import Mixup
+
+            return Mixup
+        if name == "torchvision":
+            from torchvision.transforms import v2
+
+            return v2
+        if name == "composer":
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                import composer.functional as cf
+
+            return cf
+    except Exception:  # an optional peer: any failure to import means "not here"
+        return None
+    return None
+
+
+def _versions() -> dict[str, str | None]:
+    out = {}
+    for mod in ("torchvision", "timm", "composer"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:
+            out[mod] = None
+    return out
+
+
+def _soft(y: torch.Tensor, y_perm: torch.Tensor, lam: float, classes: int) -> torch.Tensor:
+    """Soft targets from a peer's hard ones: ``lam * onehot(y) + (1 - lam) * onehot(y_perm)``."""
+    return torch.lerp(F.one_hot(y_perm, classes).float(), F.one_hot(y, classes).float(), float(lam))
+
+
+def groups(n: int, c: int, h: int, w: int, classes: int) -> dict[str, dict[str, Callable[[], Any]]]:
+    """The timed calls, by group (mixup, cutmix, smoothing, resize), on one batch."""
+    import lightning.pytorch as pl
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, c, h, w, generator=g)
+    y = torch.randint(0, classes, (n,), generator=g)
+    rng = np.random.default_rng(0)
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    mix_cb, cut_cb = MixUp(MIX_ALPHA, num_classes=classes), CutMix(CUT_ALPHA, num_classes=classes)
+    mix_cb.transform_batch(trainer, None, [x, y])  # first-batch checks, outside the timing
+    cut_cb.transform_batch(trainer, None, [x, y])
+
+    out: dict[str, dict[str, Callable[[], Any]]] = {
+        "mixup": {
+            "ours: functional mixup_batch": lambda: mixup_batch(x, y, MIX_ALPHA, classes, rng),
+            "ours: MixUp callback (transform_batch)": lambda: mix_cb.transform_batch(trainer, None, [x, y]),
+        },
+        "cutmix": {
+            "ours: functional cutmix_batch": lambda: cutmix_batch(x, y, CUT_ALPHA, classes, rng),
+            "ours: CutMix callback (transform_batch)": lambda: cut_cb.transform_batch(trainer, None, [x, y]),
+        },
+        "smoothing": {"ours: smooth_labels": lambda: smooth_labels(y, SMOOTHING, classes)},
+        "resize": {
+            "ours: resize_batch, nearest, scale 0.5": lambda: resize_batch(x, (h // 2, w // 2), "resize", "nearest"),
+            "ours: resize_batch, bilinear antialiased (our default)": lambda: resize_batch(x, (h // 2, w // 2)),
+            "ours: resize_batch, crop per sample": lambda: resize_batch(
+                x, (h // 2, w // 2), "crop", generator=torch.Generator().manual_seed(0)
+            ),
+        },
+    }
+    v2 = _optional("torchvision")
+    if v2 is not None:
+        tv_mix, tv_cut = v2.MixUp(alpha=MIX_ALPHA, num_classes=classes), v2.CutMix(alpha=CUT_ALPHA, num_classes=classes)
+        out["mixup"]["torchvision v2.MixUp"] = lambda: tv_mix(x, y)
+        out["cutmix"]["torchvision v2.CutMix"] = lambda: tv_cut(x, y)
+    Mixup = _optional("timm")
+    if Mixup is not None and n % 2 == 0:
+        kw = {"prob": 1.0, "label_smoothing": 0.0, "num_classes": classes}
+        timm_mix = Mixup(mixup_alpha=MIX_ALPHA, cutmix_alpha=0.0, **kw)
+        timm_cut = Mixup(mixup_alpha=0.0, cutmix_alpha=CUT_ALPHA, **kw)
+        x_mix, x_cut = x.clone(), x.clone()  # timm mixes in place: its own copies
+        out["mixup"]["timm Mixup (mixup only, in place)"] = lambda: timm_mix(x_mix, y)
+        out["cutmix"]["timm Mixup (cutmix only, in place)"] = lambda: timm_cut(x_cut, y)
+        from timm.data.mixup import mixup_target
+
+        out["smoothing"]["timm mixup_target(lam=1, smoothing)"] = lambda: mixup_target(y, classes, 1.0, SMOOTHING)
+    cf = _optional("composer")
+    if cf is not None:
+        logits = torch.zeros(n, classes)
+
+        def composer_mix() -> Any:
+            mixed, y_perm, lam = cf.mixup_batch(x, y, alpha=MIX_ALPHA)
+            return mixed, _soft(y, y_perm, 1.0 - lam, classes)  # Composer: (1 - lam) * x + lam * x_perm
+
+        def composer_cut() -> Any:
+            cut, y_perm, lam, _ = cf.cutmix_batch(x, y, alpha=CUT_ALPHA)
+            return cut, _soft(y, y_perm, lam, classes)
+
+        out["mixup"]["Composer mixup_batch + soft targets"] = composer_mix
+        out["mixup"]["Composer mixup_batch alone (hard targets)"] = lambda: cf.mixup_batch(x, y, alpha=MIX_ALPHA)
+        out["cutmix"]["Composer cutmix_batch + soft targets"] = composer_cut
+        out["cutmix"]["Composer cutmix_batch alone (hard targets)"] = lambda: cf.cutmix_batch(x, y, alpha=CUT_ALPHA)
+        out["smoothing"]["Composer smooth_labels"] = lambda: cf.smooth_labels(logits, y, SMOOTHING)
+        out["resize"]["Composer resize_batch, nearest, scale 0.5"] = lambda: cf.resize_batch(x, y, 0.5, "resize")
+        out["resize"]["Composer resize_batch, one crop for the batch (a view)"] = lambda: cf.resize_batch(
+            x, y, 0.5, "crop"
+        )
+    return out
+
+
+def measure(quick: bool, threads: int | None = THREADS) -> dict[str, Any]:
+    """Median seconds per call of every variant, per batch and group; JSON-friendly."""
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    results: dict[str, Any] = {"batches": {}, "versions": _versions()}
+    start = time.perf_counter()
+    with common.torch_threads(threads):
+        results["machine"] = common.machine()
+        for label, n, c, h, w, classes in BATCHES:
+            big = h * w > 100 * 100
+            rounds = (7 if quick else 25) if big else (10 if quick else 40)
+            number = 2 if big else 10
+            per_group = {}
+            for group, fns in groups(n, c, h, w, classes).items():
+                calls = 50 * number if group == "smoothing" else number
+                per_group[group] = common.interleaved(fns, rounds, warmup=1, number=calls, seed=3)
+            results["batches"][label] = {"rounds": rounds, "number": number, "groups": per_group}
+    results["elapsed"] = time.perf_counter() - start
+    return results
+
+
+#: groups whose goal is "ours at least as fast as the fastest peer"
+GOAL_GROUPS = {"mixup": "MixUp", "cutmix": "CutMix"}
+
+
+def _is_ours(name: str) -> bool:
+    return name.startswith("ours")
+
+
+def _comparable_peer(name: str) -> bool:
+    """Peers that give the same output as ours (soft targets); Composer's op alone does not."""
+    return not _is_ours(name) and "alone (hard targets)" not in name and "(a view)" not in name
+
+
+def render(results: dict[str, Any], quick: bool, command: str) -> str:
+    machine = results["machine"]
+    versions = results["versions"]
+    installed = ", ".join(f"{k} {v}" for k, v in versions.items() if v) or "none"
+    missing = [k for k, v in versions.items() if not v]
+    md = [
+        "## Peers: MixUp, CutMix, label smoothing and resizing on the same batch",
+        "",
+        common.command_block(command),
+        "",
+        common.machine_line(machine),
+        f"- Peers installed: {installed}."
+        + (f" Not installed, not run: {', '.join(missing)}." if missing else "")
+        + f" {machine['torch_threads']} torch thread, float32, CPU. Ran in {results['elapsed']:.0f} s.",
+        "- Same batch, same dtype, same output kind (soft targets `(N, C)`) for every variant of a group. timm "
+        "mixes in place (on its own copy of the batch); Composer's `mixup_batch`/`cutmix_batch` return the "
+        "partners' hard labels, so the compared call adds the soft targets (the op alone is listed too); "
+        "Composer's crop is one window for the batch (a view), ours one per sample (a copy).",
+        "",
+    ]
+    goals = []
+    for label, data in results["batches"].items():
+        md.append(f"**{label}** (median µs per call; {data['rounds']} interleaved rounds)")
+        md.append("")
+        rows = []
+        for group, times in data["groups"].items():
+            peers = {k: v for k, v in times.items() if _comparable_peer(k)}
+            fastest = min(peers.values()) if peers else None
+            for name, t in sorted(times.items(), key=lambda kv: kv[1]):
+                ratio = f"{t / fastest:.2f}" if fastest else "-"
+                rows.append([group, name, f"{t * 1e6:,.1f}", ratio])
+            if group in GOAL_GROUPS and peers:
+                best_peer = min(peers, key=peers.get)
+                for ours in ("functional", "callback"):
+                    name = next(k for k in times if _is_ours(k) and ours in k)
+                    ok = times[name] <= peers[best_peer]
+                    goals.append(
+                        common.goal_marker(
+                            f"{GOAL_GROUPS[group]} ({ours}) at least as fast as the fastest peer, {label}",
+                            f"{times[name] * 1e6:,.0f} µs vs {best_peer} {peers[best_peer] * 1e6:,.0f} µs "
+                            f"({times[name] / peers[best_peer]:.2f}×)",
+                            ok,
+                            "peers",
+                        )
+                    )
+        md.append(
+            common.markdown_table(["group", "variant", "µs per call", "× fastest comparable peer"], rows, "llrr")
+        )
+        md.append("")
+    md += goals
+    md.append("")
+    md.append(NOTES)
+    return "\n".join(md)
+
+
+#: Findings from profiling the ops (kept beside the code that measured them).
+NOTES = ""
+
+
+def run_elsewhere(python: str, quick: bool) -> dict[str, Any]:
+    """Measure in another interpreter (one that has Composer) and return its JSON."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [python, str(ROOT / "benchmarks" / "peers.py"), "--json"] + (["--quick"] if quick else [])
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def section(quick: bool, out_dir: Path) -> str:
+    other = os.environ.get("COMPOSER_PYTHON")
+    command = f"PYTHONPATH=. python benchmarks/peers.py{' --quick' if quick else ''}"
+    if _optional("composer") is None and other:
+        results = run_elsewhere(other, quick)
+        command = f"COMPOSER_PYTHON={other} {command}"
+    else:
+        results = measure(quick)
+    return render(results, quick, command)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument("--json", action="store_true", help="print the raw results as one JSON line")
+    parser.add_argument("--threads", type=int, default=THREADS, help="torch threads (default 1)")
+    args = parser.parse_args()
+    if args.json:
+        print(json.dumps(measure(args.quick, args.threads)))
+    else:
+        print(section(args.quick, Path("docs/benchmarks")))
+
+
+if __name__ == "__main__":
+    main()
