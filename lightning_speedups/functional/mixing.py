@@ -147,7 +147,12 @@ def cut_and_paste(
     lam = box_lambda(spatial, box)
     region = (slice(None), slice(None), *box)
     out = x.clone()
-    out[region] = x[region].index_select(0, perm)
+    if type(x) is Tensor and not x.requires_grad:
+        # gathered straight into the box of the copy: no box-sized temporary (out= takes no part in autograd,
+        # and tensor subclasses may not handle it, hence the plain path for those)
+        torch.index_select(x[region], 0, perm, out=out[region])
+    else:
+        out[region] = x[region].index_select(0, perm)
     probs = as_probabilities(target, num_classes)
     return out, probs.index_select(0, perm).lerp_(probs, lam), lam
 
