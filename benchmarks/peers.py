@@ -54,8 +54,14 @@ from lightning_speedups.functional import cutmix_batch, mixup_batch, resize_batc
 
 THREADS = 1
 #: (name, N, C, H, W, classes)
-BATCHES = [("256 x 3 x 32 x 32, 10 classes", 256, 3, 32, 32, 10), ("64 x 3 x 224 x 224, 1000 classes", 64, 3, 224, 224, 1000)]
-MIX_ALPHA, CUT_ALPHA, SMOOTHING = 0.2, 1.0, 0.1
+BATCHES = [
+    ("256 x 3 x 32 x 32, 10 classes", 256, 3, 32, 32, 10),
+    ("64 x 3 x 224 x 224, 1000 classes", 64, 3, 224, 224, 1000),
+]
+#: CutMix's work grows with its random box. alpha = 1000 makes lam ~ Beta(alpha, alpha) about 0.5 for every
+#: implementation (the box about half the image before clipping at the borders), so that the variants do the
+#: same work; the box position stays random, as in training.
+MIX_ALPHA, CUT_ALPHA, SMOOTHING = 0.2, 1000.0, 0.1
 
 
 def _optional(name: str) -> Any:
@@ -106,15 +112,23 @@ def groups(n: int, c: int, h: int, w: int, classes: int) -> dict[str, dict[str, 
     mix_cb, cut_cb = MixUp(MIX_ALPHA, num_classes=classes), CutMix(CUT_ALPHA, num_classes=classes)
     mix_cb.transform_batch(trainer, None, [x, y])  # first-batch checks, outside the timing
     cut_cb.transform_batch(trainer, None, [x, y])
+    progress = trainer.fit_loop.epoch_loop.batch_progress.total
+
+    def callback_call(cb: Any) -> Callable[[], Any]:
+        def call() -> Any:
+            progress.started += 1  # the next batch: fresh draws (a CutMix box of another size), as in a fit
+            return cb.transform_batch(trainer, None, [x, y])
+
+        return call
 
     out: dict[str, dict[str, Callable[[], Any]]] = {
         "mixup": {
             "ours: functional mixup_batch": lambda: mixup_batch(x, y, MIX_ALPHA, classes, rng),
-            "ours: MixUp callback (transform_batch)": lambda: mix_cb.transform_batch(trainer, None, [x, y]),
+            "ours: MixUp callback (transform_batch)": callback_call(mix_cb),
         },
         "cutmix": {
             "ours: functional cutmix_batch": lambda: cutmix_batch(x, y, CUT_ALPHA, classes, rng),
-            "ours: CutMix callback (transform_batch)": lambda: cut_cb.transform_batch(trainer, None, [x, y]),
+            "ours: CutMix callback (transform_batch)": callback_call(cut_cb),
         },
         "smoothing": {"ours: smooth_labels": lambda: smooth_labels(y, SMOOTHING, classes)},
         "resize": {
@@ -165,8 +179,9 @@ def groups(n: int, c: int, h: int, w: int, classes: int) -> dict[str, dict[str, 
     return out
 
 
-def measure(quick: bool, threads: int | None = THREADS) -> dict[str, Any]:
+def measure(quick: bool, threads: int | None = None) -> dict[str, Any]:
     """Median seconds per call of every variant, per batch and group; JSON-friendly."""
+    threads = THREADS if threads is None else threads
     warnings.filterwarnings("ignore")
     import logging
 
@@ -218,7 +233,9 @@ def render(results: dict[str, Any], quick: bool, command: str) -> str:
         "- Same batch, same dtype, same output kind (soft targets `(N, C)`) for every variant of a group. timm "
         "mixes in place (on its own copy of the batch); Composer's `mixup_batch`/`cutmix_batch` return the "
         "partners' hard labels, so the compared call adds the soft targets (the op alone is listed too); "
-        "Composer's crop is one window for the batch (a view), ours one per sample (a copy).",
+        "Composer's crop is one window for the batch (a view), ours one per sample (a copy). MixUp alpha 0.2; "
+        "CutMix alpha 1000, so that lam is about 0.5 for every implementation and each call pastes a box of "
+        "about the same size (the work grows with the box; its position stays random).",
         "",
     ]
     goals = []
@@ -241,13 +258,13 @@ def render(results: dict[str, Any], quick: bool, command: str) -> str:
                         common.goal_marker(
                             f"{GOAL_GROUPS[group]} ({ours}) at least as fast as the fastest peer, {label}",
                             f"{times[name] * 1e6:,.0f} µs vs {best_peer} {peers[best_peer] * 1e6:,.0f} µs "
-                            f"({times[name] / peers[best_peer]:.2f}×)",
+                            f"({times[name] / peers[best_peer]:.2f}x)",
                             ok,
                             "peers",
                         )
                     )
         md.append(
-            common.markdown_table(["group", "variant", "µs per call", "× fastest comparable peer"], rows, "llrr")
+            common.markdown_table(["group", "variant", "µs per call", "x fastest comparable peer"], rows, "llrr")
         )
         md.append("")
     md += goals
@@ -263,7 +280,8 @@ NOTES = ""
 def run_elsewhere(python: str, quick: bool) -> dict[str, Any]:
     """Measure in another interpreter (one that has Composer) and return its JSON."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [python, str(ROOT / "benchmarks" / "peers.py"), "--json"] + (["--quick"] if quick else [])
+    cmd = [python, str(ROOT / "benchmarks" / "peers.py"), "--json", "--threads", str(THREADS)]
+    cmd += ["--quick"] if quick else []
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd=ROOT)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -283,8 +301,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
     parser.add_argument("--json", action="store_true", help="print the raw results as one JSON line")
-    parser.add_argument("--threads", type=int, default=THREADS, help="torch threads (default 1)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = parser.parse_args()
+    global THREADS
+    THREADS = args.threads
     if args.json:
         print(json.dumps(measure(args.quick, args.threads)))
     else:
