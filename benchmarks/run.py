@@ -113,10 +113,13 @@ RUNNERS: dict[str, Callable[[bool, Path], str]] = {
 }
 
 
+def existing_sections_from_text(text: str) -> dict[str, str]:
+    """The sections of a generated document, by name."""
+    return {m.group(1): m.group(2) for m in _BLOCK.finditer(text)}
+
+
 def existing_sections(path: Path) -> dict[str, str]:
-    if not path.exists():
-        return {}
-    return {m.group(1): m.group(2) for m in _BLOCK.finditer(path.read_text(encoding="utf-8"))}
+    return existing_sections_from_text(path.read_text(encoding="utf-8")) if path.exists() else {}
 
 
 def summary(blocks: dict[str, str]) -> str:
