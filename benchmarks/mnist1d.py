@@ -9,13 +9,19 @@ called). The paper's CNN reaches about 94% test accuracy.
 * :class:`MNIST1DDataModule` (a :class:`~lightning_speedups.SpeedupDataModule`): inputs ``(N, 1, 40)``,
   ``num_classes = 10``, ``train_labels`` for the sampling callbacks.
 * :class:`MNIST1DClassifier`: the paper's CNN (three strided 1-D convolutions of 25 channels, a linear
-  layer), with the interface of :class:`lightning_speedups.demo.ImageClassifier`: ``F.cross_entropy`` in
-  ``training_step``, ``val_acc`` logged, a per-step cosine schedule over ``trainer.estimated_stepping_batches``
-  and JSON-friendly constructor arguments, so it can be built from ``benchmarks.mnist1d:MNIST1DClassifier``.
+  layer) with dropout 0.2 before the linear layer, with the interface of
+  :class:`lightning_speedups.demo.ImageClassifier`: ``F.cross_entropy`` in ``training_step``, ``val_acc``
+  logged, a per-step cosine schedule over ``trainer.estimated_stepping_batches`` and JSON-friendly constructor
+  arguments, so it can be built from ``benchmarks.mnist1d:MNIST1DClassifier``.
+
+Why the dropout: with the per-step cosine schedule (AdamW, learning rate 1e-2, batch 100), the paper's CNN
+without dropout levels off at about 91.5% from epoch 40 (150 epochs, 33 s on this 2-core CPU); the paper's
+constant learning rate reaches 93.5% at epoch 70 and then slips to 92.6% at 150. With dropout 0.2 it reaches
+94% by epoch 60 and 95.4% at epoch 100 (22 s). ``dropout=0.0`` gives the paper's model exactly.
 
 Self-check (trains the baseline and prints the accuracy per epoch)::
 
-    PYTHONPATH=. python benchmarks/mnist1d.py [--epochs 30] [--seed 0]
+    PYTHONPATH=. python benchmarks/mnist1d.py [--epochs 60] [--seed 0]
 """
 
 from __future__ import annotations
@@ -181,7 +187,7 @@ class MNIST1DClassifier(pl.LightningModule):
         weight_decay: weight decay.
         schedule: ``"cosine"`` (per step, to zero over the run) or ``"constant"``.
         channels: channels of each convolution.
-        dropout: dropout before the classifier.
+        dropout: dropout before the classifier (0.2; 0 is the paper's model, see the module docstring).
         in_channels: input channels.
         length: input length (for the flattened head).
         pool: ``"flatten"`` (the paper) or ``"avg"`` (any input length).
@@ -195,7 +201,7 @@ class MNIST1DClassifier(pl.LightningModule):
         weight_decay: float = 0.0,
         schedule: str = "cosine",
         channels: int = 25,
-        dropout: float = 0.0,
+        dropout: float = 0.2,
         in_channels: int = 1,
         length: int = 40,
         pool: str = "flatten",
@@ -253,7 +259,7 @@ class _Curve(pl.Callback):
             self.points.append((trainer.current_epoch + 1, trainer.global_step, acc, time.perf_counter() - self.start))
 
 
-def train_baseline(epochs: int = 30, seed: int = 0, **model_kwargs: Any) -> list[tuple[int, int, float, float]]:
+def train_baseline(epochs: int = 60, seed: int = 0, **model_kwargs: Any) -> list[tuple[int, int, float, float]]:
     """Train the baseline; returns ``(epoch, step, val_acc, seconds since train start)`` after each epoch."""
     pl.seed_everything(seed, verbose=False)
     curve = _Curve()
@@ -273,7 +279,7 @@ def train_baseline(epochs: int = 30, seed: int = 0, **model_kwargs: Any) -> list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     start = time.perf_counter()
