@@ -92,7 +92,7 @@ def machine_line(info: Mapping[str, Any] | None = None, extra_modules: Iterable[
     """One Markdown line describing :func:`machine`."""
     m = dict(info) if info is not None else machine(extra_modules)
     parts = [
-        f"CPU {m['cpu']}, {m['cores']} usable cores, {m['torch_threads']} torch threads",
+        f"CPU {m['cpu']}, {m['cores']} usable cores, torch threads: {m['torch_threads']}",
     ]
     if m.get("gpu"):
         parts.append(f"GPU {m['gpu']}")

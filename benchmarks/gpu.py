@@ -47,8 +47,14 @@ def _imports() -> dict[str, Any]:
     from lightning.pytorch.callbacks import Callback
     from torch.utils.data import DataLoader, TensorDataset
 
-    return {"pl": pl, "F": F, "torchvision": torchvision, "Callback": Callback, "DataLoader": DataLoader,
-            "TensorDataset": TensorDataset}
+    return {
+        "pl": pl,
+        "F": F,
+        "torchvision": torchvision,
+        "Callback": Callback,
+        "DataLoader": DataLoader,
+        "TensorDataset": TensorDataset,
+    }
 
 
 def make_module(num_classes: int = 1000) -> Any:
@@ -228,8 +234,10 @@ def not_run(reason: str) -> str:
             "(ResNet-18, batch 128, `bf16-mixed`, `channels_last`, `torchvision.datasets.FakeData`).",
             "",
             common.goal_marker(
-                "ProgressiveResizing throughput ≥ 80% of the FLOPs ideal at scale 0.5 on GPU", "not run (no GPU)",
-                None, "gpu",
+                "ProgressiveResizing throughput ≥ 80% of the FLOPs ideal at scale 0.5 on GPU",
+                "not run (no GPU)",
+                None,
+                "gpu",
             ),
         ]
     )

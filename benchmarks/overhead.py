@@ -328,9 +328,7 @@ def variants() -> list[Variant]:
             changes_work=True,
         ),
         Variant("DropoutRemoval", "inactive", "start=1 (never reached)", lambda: [DropoutRemoval(1.0)]),
-        Variant(
-            "DropoutRemoval", "active", "start=0 (dropout off from step 1)", lambda: [DropoutRemoval(0.0)], True
-        ),
+        Variant("DropoutRemoval", "active", "start=0 (dropout off from step 1)", lambda: [DropoutRemoval(0.0)], True),
         Variant(
             "LinearScalingWarmup",
             "inactive",
@@ -428,9 +426,9 @@ def measure_loop(rounds: int, steps: int, warmup: int) -> dict[str, dict[str, An
             r["boundary"] - p["boundary"] for r, p in zip(results, plain, strict=True)
         )
         # per-epoch work of ours: epoch hooks, plus the epoch list beyond the plain shuffle's
-        row["epoch_ours"] = row["epoch_hooks"] + max(0.0, row["epoch_list"] - statistics.median(
-            p["epoch_list"] for p in plain
-        ))
+        row["epoch_ours"] = row["epoch_hooks"] + max(
+            0.0, row["epoch_list"] - statistics.median(p["epoch_list"] for p in plain)
+        )
         row["cost"] = row["ours"] + row["epoch_ours"] / row["batches"]
         out[name] = row
     return out
@@ -611,8 +609,10 @@ COMMON_WHY = (
     "Common to all: inside a fit each small tensor op and Python call of ours costs several times what it "
     "costs in a tight loop (caches are cold after the backward pass; compare *transform_batch alone*), and "
     "every `SpeedupCallback` checks in `on_train_batch_end` whether to log its knobs, through Lightning's "
-    "`should_update_logs` property chain (about 3 µs hot). The seam's dispatch reads `trainer.training` and "
-    "`trainer.sanity_checking`, each a chain of Lightning properties (about 2 µs hot)."
+    "`should_update_logs` property chain (about 3 µs hot). The seam's dispatch, shared by all the callbacks "
+    "that transform batches, reads the trainer's stage and calls each of them; it took twice as long before "
+    "it read the stage once instead of `trainer.training` and `trainer.sanity_checking` (two chains of "
+    "Lightning properties and string-enum comparisons), changed with this benchmark."
 )
 
 #: Causes found by profiling (``cProfile`` of each hook inside a fit, and tight-loop timing of its parts).
