@@ -518,6 +518,38 @@ def report(loop: dict[str, dict[str, Any]], alone: dict[str, float]) -> str:
     )
 
 
+def plot(loop: dict[str, dict[str, Any]], path: Path) -> None:
+    """Overhead per step of each variant against the 1% line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    plain = loop["plain Trainer"]["step"]
+    rows = [(name, r) for name, r in loop.items() if r["variant"].state != "-"]
+    names = [name for name, _ in rows][::-1]
+    costs = [r["cost"] * 1e6 for _, r in rows][::-1]
+    colors = ["tab:green" if _verdict(r, plain) else "tab:red" for _, r in rows][::-1]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ax.barh(names, costs, color=colors)
+    ax.axvline(
+        GOAL_PCT * plain * 1e6, color="black", linestyle="--", label=f"1% of the plain step ({plain * 1e3:.1f} ms)"
+    )
+    ax.axvline(GOAL_INACTIVE_S * 1e6, color="grey", linestyle=":", label="100 µs (inactive goal)")
+    ax.set_xscale("log")
+    ticks = [t for t in (5, 10, 20, 50, 100, 200, 500, 1000, 2000) if min(costs) / 2 <= t <= max(costs) * 2]
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("our time per training step (µs, log scale; green: goal met)")
+    ax.set_title("Callback overhead on a tiny CNN (CPU, 1 thread)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
 def section(quick: bool, out_dir: Path) -> str:
     rounds, steps, warmup = (3, 150, 20) if quick else (7, 400, 30)
     with common.torch_threads(THREADS):
@@ -528,6 +560,7 @@ def section(quick: bool, out_dir: Path) -> str:
         elapsed = time.perf_counter() - start
     plain = loop["plain Trainer"]["step"]
     aa = loop["plain, A/A"]["delta"]
+    plot(loop, out_dir / "overhead.png")
     md = [
         "## Callback overhead per training step",
         "",
@@ -556,6 +589,8 @@ def section(quick: bool, out_dir: Path) -> str:
         f"{plain * 1e6:,.0f} µs plain step) and under {GOAL_INACTIVE_S * 1e6:.0f} µs per step when inactive. "
         "ProgressiveResizing and DropoutRemoval, when active, also change the model's own work (smaller images, "
         "no dropout masks): their whole-step Δ is a net effect, their overhead the callback's own time.",
+        "",
+        f"![Overhead per step of each callback against the goals]({out_dir.name}/overhead.png)",
         "",
         report(loop, alone),
         "",
