@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning.pytorch.trainer.states import RunningStage
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -41,11 +42,14 @@ class BatchTransformSeam:
     def __call__(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
         batch = self._original(batch, device, dataloader_idx)
         trainer = self.trainer
-        if trainer.training and not trainer.sanity_checking:
+        # One read of the stage rather than `trainer.training and not trainer.sanity_checking` (each a chain of
+        # properties and a string-enum comparison, paid on every batch): sanity checking is a stage of its own.
+        stage = trainer.state.stage
+        if stage is RunningStage.TRAINING:
             pl_module = trainer.lightning_module
             for callback in self.transforms:
                 batch = callback.transform_batch(trainer, pl_module, batch)
-        elif trainer.validating and not trainer.sanity_checking:
+        elif stage is RunningStage.VALIDATING:
             # Optional, for callbacks that change what validation during fit sees (e.g. its image size).
             pl_module = trainer.lightning_module
             for callback in self.transforms:

@@ -191,6 +191,9 @@ class CurriculumOrdering(SpeedupCallback):
         self._order_seed: int | None = None
         self._plan: SamplingPlan | None = None
         self._fraction = start
+        # (plan, step) of the last batch: the fraction is worked out only when the knobs are read (logging),
+        # as computing it every step cost more than the rest of the callback's per-step work together.
+        self._fraction_at: tuple[SamplingPlan, int] | None = None
 
     @property
     def _who(self) -> str:
@@ -389,11 +392,14 @@ class CurriculumOrdering(SpeedupCallback):
     ) -> None:
         plan = self._plan if self._plan is not None else training_plan(trainer)
         if plan is not None and plan.clock is not None:
-            self._fraction = plan.pool_fraction(plan.clock.step_of(batch_idx, trainer.current_epoch))
+            self._fraction_at = (plan, plan.clock.step_of(batch_idx, trainer.current_epoch))
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     # ------------------------------------------------------------------ logging and state
     def knobs(self) -> dict[str, float]:
+        if self._fraction_at is not None:
+            plan, step = self._fraction_at
+            self._fraction, self._fraction_at = plan.pool_fraction(step), None
         out = {"fraction": float(self._fraction)}
         if self.order is not None:
             out["pool_size"] = float(fs.pool_sizes(np.array([self._fraction]), len(self.order))[0])

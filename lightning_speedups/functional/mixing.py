@@ -79,7 +79,9 @@ def mix(x: Tensor, target: Tensor, lam: float, perm: Tensor, num_classes: int | 
     """MixUp with a given weight and partner: ``lam * a + (1 - lam) * a[perm]`` for inputs and targets."""
     _check_float_input(x, "mix")
     probs = as_probabilities(target, num_classes)
-    return torch.lerp(x.index_select(0, perm), x, lam), torch.lerp(probs.index_select(0, perm), probs, lam)
+    # In place on the fresh partner copy (never on `x`): one new buffer instead of two, the same values as
+    # `torch.lerp(x[perm], x, lam)`; on CPU a large new buffer costs page faults, not only memory traffic.
+    return x.index_select(0, perm).lerp_(x, lam), probs.index_select(0, perm).lerp_(probs, lam)
 
 
 def mixup_batch(
@@ -145,9 +147,14 @@ def cut_and_paste(
     lam = box_lambda(spatial, box)
     region = (slice(None), slice(None), *box)
     out = x.clone()
-    out[region] = x[region].index_select(0, perm)
+    if type(x) is Tensor and not x.requires_grad:
+        # gathered straight into the box of the copy: no box-sized temporary (out= takes no part in autograd,
+        # and tensor subclasses may not handle it, hence the plain path for those)
+        torch.index_select(x[region], 0, perm, out=out[region])
+    else:
+        out[region] = x[region].index_select(0, perm)
     probs = as_probabilities(target, num_classes)
-    return out, torch.lerp(probs.index_select(0, perm), probs, lam), lam
+    return out, probs.index_select(0, perm).lerp_(probs, lam), lam
 
 
 def cutmix_batch(

@@ -1,0 +1,267 @@
+"""GPU figures: ResNet-18 at 224 px over ``FakeData``, ``bf16-mixed``, ``channels_last`` (needs CUDA; not a test).
+
+Two measurements, each over real ``Trainer.fit`` runs, the variants taking turns in a shuffled order:
+
+1. **Progressive-resizing throughput**: images per second of training steps at scale 0.5, 0.75 and 1.0
+   (``ProgressiveResizing`` holding the scale, ``mode="resize"``), against the FLOPs ratio of the forward and
+   backward pass (``torch.utils.flop_counter``). Goal (issue 7): at scale 0.5, at least 80% of the FLOPs ideal,
+   i.e. ``throughput(0.5) / throughput(1.0) >= 0.8 * FLOPs(1.0) / FLOPs(0.5)``.
+2. **Callback overhead**: the median step time with each callback (active) against a plain Trainer.
+
+The data is ``torchvision.datasets.FakeData`` (random images made in memory; nothing is downloaded), decoded
+once to a pinned ``uint8`` ``TensorDataset`` (a quarter of float32's transfer) and turned into floats on the GPU
+in ``on_after_batch_transfer``, before the callbacks see the batch, so that the loader is not the bottleneck.
+Without CUDA the script says so and exits 0.
+
+Usage::
+
+    PYTHONPATH=. python benchmarks/gpu.py [--quick] [--batch-size 128] [--steps 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import common  # noqa: E402
+
+COMMAND = "PYTHONPATH=. python benchmarks/gpu.py"
+SCALES = (0.5, 0.75, 1.0)
+GOAL_EFFICIENCY = 0.8
+
+
+def _imports() -> dict[str, Any]:
+    import lightning.pytorch as pl
+    import torch.nn.functional as F
+    import torchvision
+    from lightning.pytorch.callbacks import Callback
+    from torch.utils.data import DataLoader, TensorDataset
+
+    return {
+        "pl": pl,
+        "F": F,
+        "torchvision": torchvision,
+        "Callback": Callback,
+        "DataLoader": DataLoader,
+        "TensorDataset": TensorDataset,
+    }
+
+
+def make_module(num_classes: int = 1000) -> Any:
+    m = _imports()
+    pl, F, torchvision = m["pl"], m["F"], m["torchvision"]
+
+    class ResNet18(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.num_classes = num_classes
+            self.model = torchvision.models.resnet18(num_classes=num_classes).to(memory_format=torch.channels_last)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.model(x.contiguous(memory_format=torch.channels_last))
+
+        def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+            x, y = batch
+            return x.float().div_(255.0), y
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = F.cross_entropy(self(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-5)
+
+    return ResNet18()
+
+
+def fake_loader(batch_size: int, batches: int, num_classes: int = 1000) -> Any:
+    """``FakeData`` images (224 x 224, made in memory), as ``uint8`` tensors, in a plain DataLoader."""
+    m = _imports()
+    torchvision = m["torchvision"]
+    from torchvision.transforms import v2
+
+    n = batch_size * batches
+    data = torchvision.datasets.FakeData(
+        size=n, image_size=(3, 224, 224), num_classes=num_classes, transform=v2.PILToTensor(), random_offset=0
+    )
+    xs, ys = zip(*(data[i] for i in range(n)), strict=True)
+    labels = torch.stack([torch.as_tensor(t, dtype=torch.long) for t in ys])
+    dataset = m["TensorDataset"](torch.stack(xs), labels)
+    return m["DataLoader"](dataset, batch_size=batch_size, shuffle=False, pin_memory=True, drop_last=True)
+
+
+def fit_steps(callbacks: list[Any], loader: Any, steps: int, warmup: int) -> float:
+    """Median seconds per step (CUDA-synchronised at each step end) of one fit."""
+    m = _imports()
+    pl = m["pl"]
+
+    class Sync(m["Callback"]):
+        def __init__(self) -> None:
+            self.stamps: list[float] = []
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            torch.cuda.synchronize()
+            self.stamps.append(time.perf_counter())
+
+    sync = Sync()
+    trainer = pl.Trainer(
+        accelerator="gpu",
+        devices=1,
+        precision="bf16-mixed",
+        max_steps=warmup + steps,
+        callbacks=[*callbacks, sync],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(make_module(), train_dataloaders=loader)
+    deltas = [b - a for a, b in zip(sync.stamps[warmup:], sync.stamps[warmup + 1 :], strict=False)]
+    return statistics.median(deltas)
+
+
+def flops(scale: float, batch_size: int) -> float:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from lightning_speedups.functional import scaled_size
+
+    model = make_module().model.cuda()
+    size = scaled_size((224, 224), scale, 4)
+    x = torch.randn(batch_size, 3, *size, device="cuda").contiguous(memory_format=torch.channels_last)
+    with FlopCounterMode(display=False) as counter, torch.autocast("cuda", dtype=torch.bfloat16):
+        model(x).float().sum().backward()
+    return float(counter.get_total_flops())
+
+
+def measure(quick: bool, batch_size: int = 128, steps: int | None = None) -> dict[str, Any]:
+    from lightning_speedups import CutMix, DropoutRemoval, LabelSmoothing, MixUp, ProgressiveResizing
+
+    warnings.filterwarnings("ignore")
+    torch.backends.cudnn.benchmark = True
+    steps = steps or (30 if quick else 80)
+    warmup, rounds = 10, (2 if quick else 5)
+    loader = fake_loader(batch_size, max(4, (steps + warmup) // 8))
+    variants: dict[str, Any] = {
+        f"scale {s}": (lambda s=s: [ProgressiveResizing(s, 1.0, 0.0)] if s < 1 else []) for s in SCALES
+    }
+    variants.update(
+        {
+            "MixUp": lambda: [MixUp(0.2, num_classes=1000)],
+            "CutMix": lambda: [CutMix(1.0, num_classes=1000)],
+            "LabelSmoothing": lambda: [LabelSmoothing(0.1, num_classes=1000)],
+            "DropoutRemoval (nothing to remove)": lambda: [DropoutRemoval(1.0)],
+        }
+    )
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for order in common.shuffled_rounds(list(variants), rounds, seed=4):
+        for name in order:
+            times[name].append(fit_steps(variants[name](), loader, steps, warmup))
+    step = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "machine": common.machine(),
+        "batch_size": batch_size,
+        "steps": steps,
+        "rounds": rounds,
+        "step": step,
+        "flops": {s: flops(s, batch_size) for s in SCALES},
+    }
+
+
+def render(results: dict[str, Any], command: str) -> str:
+    step, fl, bs = results["step"], results["flops"], results["batch_size"]
+    full = step["scale 1.0"]
+    rows = []
+    for s in SCALES:
+        t = step[f"scale {s}"]
+        speedup, ideal = full / t, fl[1.0] / fl[s]
+        rows.append(
+            [s, f"{bs / t:,.0f}", f"{t * 1e3:.1f}", f"{speedup:.2f}x", f"{ideal:.2f}x", f"{speedup / ideal:.0%}"]
+        )
+    eff = (full / step["scale 0.5"]) / (fl[1.0] / fl[0.5])
+    over = [
+        [k, f"{v * 1e3:.2f}", common.fmt_pct(v / full - 1, 2, signed=True)] for k, v in step.items() if "scale" not in k
+    ]
+    return "\n".join(
+        [
+            "## On a GPU: ResNet-18, 224 px, FakeData, bf16-mixed, channels_last",
+            "",
+            common.command_block(command),
+            "",
+            common.machine_line(results["machine"]),
+            f"- Batch {bs}; {results['rounds']} rounds of one fit of {results['steps']} timed steps per variant, "
+            "interleaved; median step time (synchronised at each step end).",
+            "",
+            common.markdown_table(
+                ["scale", "images/s", "step (ms)", "speed-up", "FLOPs ideal", "of the ideal"], rows, "rrrrrr"
+            ),
+            "",
+            common.markdown_table(["callback (active)", "step (ms)", "vs plain"], over, "lrr"),
+            "",
+            common.goal_marker(
+                "ProgressiveResizing throughput ≥ 80% of the FLOPs ideal at scale 0.5 on GPU",
+                f"{eff:.0%} of the ideal",
+                eff >= GOAL_EFFICIENCY,
+                "gpu",
+            ),
+        ]
+    )
+
+
+def not_run(reason: str) -> str:
+    return "\n".join(
+        [
+            "## On a GPU: ResNet-18, 224 px, FakeData, bf16-mixed, channels_last",
+            "",
+            f"**Not run**: {reason} Run it on a machine with one CUDA GPU:",
+            "",
+            common.command_block(COMMAND),
+            "",
+            "It measures progressive-resizing throughput at scales 0.5 / 0.75 / 1.0 against the FLOPs ideal, and "
+            "the step-time overhead of MixUp, CutMix, LabelSmoothing and DropoutRemoval against a plain Trainer "
+            "(ResNet-18, batch 128, `bf16-mixed`, `channels_last`, `torchvision.datasets.FakeData`).",
+            "",
+            common.goal_marker(
+                "ProgressiveResizing throughput ≥ 80% of the FLOPs ideal at scale 0.5 on GPU",
+                "not run (no GPU)",
+                None,
+                "gpu",
+            ),
+        ]
+    )
+
+
+def section(quick: bool, out_dir: Path) -> str:
+    if not torch.cuda.is_available():
+        return not_run("no CUDA device on this machine (none was lent to this run).")
+    return render(measure(quick), COMMAND + (" --quick" if quick else ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=None)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("benchmarks/gpu.py: skipped, no CUDA device here (torch.cuda.is_available() is False).")
+        return
+    print(render(measure(args.quick, args.batch_size, args.steps), COMMAND))
+
+
+if __name__ == "__main__":
+    main()

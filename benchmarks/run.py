@@ -1,0 +1,187 @@
+"""Regenerate ``docs/benchmarks.md`` and its plots (``docs/benchmarks/*.png``) with one command.
+
+    PYTHONPATH=. python benchmarks/run.py                      # every section, full size
+    PYTHONPATH=. python benchmarks/run.py --quick              # smaller runs (minutes, CPU)
+    PYTHONPATH=. python benchmarks/run.py --only overhead peers
+
+The document is made of sections, each a module function ``section(quick: bool, out_dir: Path) -> str``
+returning Markdown (heading, command, machine, date, tables, notes on unmet goals) and writing its plots into
+``out_dir``. Sections: ``time_to_accuracy`` (``benchmarks/time_to_accuracy.py`` when it exists), ``overhead``,
+``efficiency`` (resizing and dropout, mid-run validation, sampling), ``peers`` and ``gpu``. With ``--only``,
+the other sections are kept as they are in the existing document.
+
+A section reports a goal by embedding ``benchmarks.common.goal_marker(goal, figure, met)`` (an HTML comment)
+in its Markdown; the summary table at the top of the document lists every goal of every section, met or not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import re
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Run as a script, `benchmarks/` is first on sys.path, where `mnist1d.py` would hide the `mnist1d` package.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmarks"]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import common  # noqa: E402
+
+DOC = ROOT / "docs" / "benchmarks.md"
+PLOTS = ROOT / "docs" / "benchmarks"
+SECTIONS = ("time_to_accuracy", "overhead", "efficiency", "peers", "gpu")
+_BLOCK = re.compile(r"<!-- section: (\w+) -->\n(.*?)\n<!-- /section: \1 -->", re.S)
+
+
+def _demote(markdown: str) -> str:
+    """One heading level down (``## x`` -> ``### x``), for sub-sections."""
+    return re.sub(r"^(#{2,5}) ", lambda m: m.group(1) + "# ", markdown, flags=re.M)
+
+
+def time_to_accuracy(quick: bool, out_dir: Path) -> str:
+    if importlib.util.find_spec("benchmarks.time_to_accuracy") is not None:
+        return importlib.import_module("benchmarks.time_to_accuracy").section(quick, out_dir)
+    return "\n".join(
+        [
+            "## Time to accuracy",
+            "",
+            "**Not run**: `benchmarks/time_to_accuracy.py` is not in this tree yet. When it is, "
+            "`PYTHONPATH=. python benchmarks/run.py --only time_to_accuracy` fills this section (digits and "
+            "MNIST-1D, each preset against the baseline and the equal-budget baseline, at least 3 seeds).",
+            "",
+            common.goal_marker(
+                "Best vision preset: ≥ 2x faster (CPU time and FLOPs) to the baseline's final accuracy on digits, "
+                "≤ 0.3 points below it, and ≥ 1.3x faster than the equal-budget baseline",
+                "not run",
+                None,
+                "time_to_accuracy",
+            ),
+        ]
+    )
+
+
+def overhead(quick: bool, out_dir: Path) -> str:
+    from benchmarks import overhead as mod
+
+    return mod.section(quick, out_dir)
+
+
+def efficiency(quick: bool, out_dir: Path) -> str:
+    from benchmarks import resizing_and_dropout, resizing_validation, sampling
+
+    parts = [
+        "## Efficiency against the ideal",
+        "",
+        "Progressive resizing's step time against its FLOPs, data loading in pipeline mode, dropout removal's "
+        "step-time change, mid-run validation under resizing, and the samplers' index generation against a "
+        "per-sample Python loop.",
+        "",
+        _demote(resizing_and_dropout.section(quick, out_dir)),
+        "",
+        _demote(resizing_validation.section(quick, out_dir)),
+        "",
+        _demote(sampling.section(quick, out_dir)),
+    ]
+    return "\n".join(parts)
+
+
+def peers(quick: bool, out_dir: Path) -> str:
+    from benchmarks import peers as mod
+
+    return mod.section(quick, out_dir)
+
+
+def gpu(quick: bool, out_dir: Path) -> str:
+    from benchmarks import gpu as mod
+
+    return mod.section(quick, out_dir)
+
+
+RUNNERS: dict[str, Callable[[bool, Path], str]] = {
+    "time_to_accuracy": time_to_accuracy,
+    "overhead": overhead,
+    "efficiency": efficiency,
+    "peers": peers,
+    "gpu": gpu,
+}
+
+
+def existing_sections_from_text(text: str) -> dict[str, str]:
+    """The sections of a generated document, by name."""
+    return {m.group(1): m.group(2) for m in _BLOCK.finditer(text)}
+
+
+def existing_sections(path: Path) -> dict[str, str]:
+    return existing_sections_from_text(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
+def summary(blocks: dict[str, str]) -> str:
+    rows = []
+    for name in SECTIONS:
+        for g in common.parse_goals(blocks.get(name, "")):
+            rows.append([g["goal"], g["figure"], common.met_label(g["met"]), name.replace("_", " ")])
+    if not rows:
+        return "No goal was measured."
+    return common.markdown_table(["goal", "figure", "outcome", "section"], rows, "llll")
+
+
+def document(blocks: dict[str, str], quick: bool, only: list[str] | None) -> str:
+    ran = ", ".join(only) if only else "all sections"
+    parts = [
+        "# Benchmarks",
+        "",
+        "Performance figures, each with its command, machine and date; tests never assert wall-clock time. This "
+        "file and its plots (`docs/benchmarks/`) are generated: do not edit them by hand, run",
+        "",
+        common.command_block("PYTHONPATH=. python benchmarks/run.py [--quick] [--only SECTION ...]"),
+        "",
+        f"Last run: `{' '.join(sys.argv[1:]) or '(no options)'}` ({ran}{', quick' if quick else ''}), "
+        f"{common.machine()['date']}. The machine is small and shared: every time is a median of interleaved "
+        "repeats (variants take turns in a shuffled order each round), and ratios are steadier than absolute "
+        "times.",
+        "",
+        "## Goals",
+        "",
+        summary(blocks),
+        "",
+    ]
+    for name in SECTIONS:
+        body = blocks.get(name) or f"## {name.replace('_', ' ').capitalize()}\n\nNot run yet."
+        parts += [f"<!-- section: {name} -->", body, f"<!-- /section: {name} -->", ""]
+    return "\n".join(parts)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller runs: minutes on a CPU")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION", help=f"any of {SECTIONS}")
+    parser.add_argument("--output", type=Path, default=DOC, help="the Markdown file to write")
+    args = parser.parse_args()
+    out_dir = args.output.parent / args.output.stem
+    out_dir.mkdir(parents=True, exist_ok=True)
+    blocks = existing_sections(args.output)
+    failed = []
+    for name in args.only or SECTIONS:
+        start = time.perf_counter()
+        print(f"[run.py] {name} ...", file=sys.stderr, flush=True)
+        try:
+            blocks[name] = RUNNERS[name](args.quick, out_dir).strip()
+        except Exception as err:  # keep the other sections; say what failed, in the document too
+            traceback.print_exc()
+            failed.append(name)
+            blocks[name] = f"## {name}\n\n**Failed** in this run: `{type(err).__name__}: {err}`"
+        print(f"[run.py] {name} done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    args.output.write_text(document(blocks, args.quick, args.only), encoding="utf-8")
+    print(f"[run.py] wrote {args.output}" + (f"; failed: {failed}" if failed else ""), file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

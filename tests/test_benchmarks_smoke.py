@@ -1,0 +1,118 @@
+"""Smoke tests of the benchmark helpers and the MNIST-1D task (no timing is asserted anywhere)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import common
+
+
+def test_markdown_table_formats_rows_and_alignment():
+    table = common.markdown_table(["a", "b"], [[1, "x|y"], ["2", 3.5]], align="lr")
+    assert table.splitlines() == ["| a | b |", "|---|---:|", "| 1 | x\\|y |", "| 2 | 3.5 |"]
+    with pytest.raises(ValueError, match="cells"):
+        common.markdown_table(["a", "b"], [[1]])
+    with pytest.raises(ValueError, match="align"):
+        common.markdown_table(["a", "b"], [], align="l")
+
+
+def test_interleaved_samples_takes_turns_and_drops_the_warmup():
+    calls: list[str] = []
+    ticks = iter(range(10**6))
+    samples = common.interleaved_samples(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+        rounds=5,
+        warmup=2,
+        number=3,
+        timer=lambda: float(next(ticks)),  # a fake clock: one tick per reading
+    )
+    assert {k: len(v) for k, v in samples.items()} == {"a": 5, "b": 5}
+    assert calls.count("a") == calls.count("b") == (2 + 5) * 3
+    # each round runs every variant once, `number` calls in a row
+    rounds = [calls[i : i + 6] for i in range(0, len(calls), 6)]
+    assert all(sorted(r) == ["a"] * 3 + ["b"] * 3 for r in rounds)
+    assert all(s == pytest.approx(1 / 3) for v in samples.values() for s in v)  # one tick over three calls
+
+
+def test_shuffled_rounds_are_permutations():
+    names = ["p", "q", "r", "s"]
+    order = common.shuffled_rounds(names, 6, seed=0)
+    assert len(order) == 6 and all(sorted(r) == names for r in order)
+    assert len({tuple(r) for r in order}) > 1
+
+
+def test_goal_markers_round_trip_and_formatting():
+    md = "text\n" + common.goal_marker("g1", "1.2 µs", True, "s") + "\n" + common.goal_marker("g2", "n/a", None)
+    goals = common.parse_goals(md)
+    assert [g["goal"] for g in goals] == ["g1", "g2"]
+    assert goals[0]["met"] is True and goals[1]["met"] is None
+    assert [common.met_label(g["met"]) for g in goals] == ["met", "not measured"]
+    assert common.fmt_seconds(2.5e-6) == "2.5 µs" and common.fmt_seconds(0.25) == "250.0 ms"
+    assert common.fmt_pct(0.0123, 2, signed=True) == "+1.23%"
+
+
+def test_torch_threads_restores_the_count():
+    before = torch.get_num_threads()
+    with common.torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
+def test_machine_line_names_the_versions():
+    line = common.machine_line()
+    assert "torch" in line and "cores" in line and "date" in line
+
+
+def test_runner_summary_and_placeholders(tmp_path: Path):
+    from benchmarks import gpu, run
+
+    blocks = {"overhead": "## x\n" + common.goal_marker("overhead goal", "3 µs", False, "overhead")}
+    if not torch.cuda.is_available():
+        blocks["gpu"] = gpu.section(True, tmp_path)
+        assert "Not run" in blocks["gpu"] and "benchmarks/gpu.py" in blocks["gpu"]
+    summary = run.summary(blocks)
+    assert "overhead goal" in summary and "**not met**" in summary
+    doc = run.document(blocks, quick=True, only=["overhead"])
+    assert run.existing_sections_from_text(doc)["overhead"] == blocks["overhead"]
+
+
+mnist1d_missing = importlib.util.find_spec("mnist1d") is None
+
+
+@pytest.mark.skipif(mnist1d_missing, reason="needs the mnist1d package (the `bench` extra)")
+def test_mnist1d_datamodule_shapes_labels_and_no_download(monkeypatch):
+    from benchmarks import mnist1d
+
+    data = mnist1d._import_mnist1d_data()
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("MNIST-1D must be generated, not downloaded")
+
+    monkeypatch.setattr(data.requests, "get", no_network)
+    dm = mnist1d.MNIST1DDataModule(num_samples=500, batch_size=50)
+    dm.setup("fit")
+    x, y = dm.train_dataset.tensors
+    assert x.shape == (400, 1, 40) and x.dtype == torch.float32
+    assert y.dtype == torch.long and set(y.tolist()) <= set(range(10))
+    assert dm.num_classes == 10 and len(dm.sample_labels()) == 400
+    assert dm.val_dataset.tensors[0].shape == (100, 1, 40)
+    again = mnist1d.load_mnist1d(num_samples=500)
+    assert torch.equal(again[0], x)  # seeded
+
+
+def test_mnist1d_classifier_from_json_kwargs():
+    from benchmarks.mnist1d import MNIST1DClassifier
+
+    kwargs = json.loads('{"num_classes": 10, "lr": 0.01, "channels": 8, "dropout": 0.1}')
+    model = MNIST1DClassifier(**kwargs)
+    assert model.num_classes == 10
+    assert model(torch.randn(3, 1, 40)).shape == (3, 10)
+    avg = MNIST1DClassifier(pool="avg")
+    assert avg(torch.randn(2, 1, 24)).shape == (2, 10)  # any length with the pooled head
+    with pytest.raises(ValueError, match="optimizer"):
+        MNIST1DClassifier(optimizer="lamb")
