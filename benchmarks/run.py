@@ -6,7 +6,7 @@
 
 The document is made of sections, each a module function ``section(quick: bool, out_dir: Path) -> str``
 returning Markdown (heading, command, machine, date, tables, notes on unmet goals) and writing its plots into
-``out_dir``. Sections: ``time_to_accuracy`` (``benchmarks/time_to_accuracy.py`` when it exists), ``overhead``,
+``out_dir``. Sections: ``time_to_accuracy`` (``benchmarks/time_to_accuracy.py``), ``overhead``,
 ``efficiency`` (resizing and dropout, mid-run validation, sampling), ``peers`` and ``gpu``. With ``--only``,
 the other sections are kept as they are in the existing document.
 
@@ -17,8 +17,6 @@ in its Markdown; the summary table at the top of the document lists every goal o
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import re
 import sys
 import time
@@ -46,25 +44,9 @@ def _demote(markdown: str) -> str:
 
 
 def time_to_accuracy(quick: bool, out_dir: Path) -> str:
-    if importlib.util.find_spec("benchmarks.time_to_accuracy") is not None:
-        return importlib.import_module("benchmarks.time_to_accuracy").section(quick, out_dir)
-    return "\n".join(
-        [
-            "## Time to accuracy",
-            "",
-            "**Not run**: `benchmarks/time_to_accuracy.py` is not in this tree yet. When it is, "
-            "`PYTHONPATH=. python benchmarks/run.py --only time_to_accuracy` fills this section (digits and "
-            "MNIST-1D, each preset against the baseline and the equal-budget baseline, at least 3 seeds).",
-            "",
-            common.goal_marker(
-                "Best vision preset: ≥ 2x faster (CPU time and FLOPs) to the baseline's final accuracy on digits, "
-                "≤ 0.3 points below it, and ≥ 1.3x faster than the equal-budget baseline",
-                "not run",
-                None,
-                "time_to_accuracy",
-            ),
-        ]
-    )
+    from benchmarks import time_to_accuracy as mod
+
+    return mod.section(quick, out_dir)
 
 
 def overhead(quick: bool, out_dir: Path) -> str:

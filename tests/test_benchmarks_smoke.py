@@ -116,3 +116,35 @@ def test_mnist1d_classifier_from_json_kwargs():
     assert avg(torch.randn(2, 1, 24)).shape == (2, 10)  # any length with the pooled head
     with pytest.raises(ValueError, match="optimizer"):
         MNIST1DClassifier(optimizer="lamb")
+
+
+def _verdict(preset, cpu, flops, delta, budget_reached=None, vs_budget=None):
+    return {
+        "preset": preset,
+        "final_delta": delta,
+        "speedup_cpu": cpu,
+        "speedup_wall": cpu,
+        "speedup_flops": flops,
+        "budget_reached": budget_reached,
+        "vs_budget_cpu": vs_budget,
+        "vs_budget_wall": vs_budget,
+        "budget_final": None,
+    }
+
+
+def test_time_to_accuracy_goal_verdict_needs_every_condition():
+    from benchmarks import time_to_accuracy as tta
+
+    def verdict(*rows):
+        (goal,) = common.parse_goals("\n".join(tta.goal_lines(list(rows))))
+        return goal
+
+    # 2.5x in CPU time and FLOPs, 0.1 point lower, 1.5x against the equal-budget control: met
+    met = verdict(_verdict("a", 2.5, 2.2, -0.001, True, 1.5), _verdict("b", 1.1, 1.2, 0.0, True, 1.0))
+    assert met["met"] is True and met["figure"].startswith("best: a,")
+    assert verdict(_verdict("a", 2.5, 1.9, -0.001, True, 1.5))["met"] is False  # FLOPs speedup short of 2x
+    assert verdict(_verdict("a", 2.5, 2.2, -0.004, True, 1.5))["met"] is False  # 0.4 points lower
+    assert verdict(_verdict("a", 2.5, 2.2, -0.001, True, 1.2))["met"] is False  # not 1.3x the control
+    assert verdict(_verdict("a", 2.5, 2.2, 0.0, False))["met"] is True  # the control never reaches the target
+    never = verdict(_verdict("a", None, None, -0.006))
+    assert never["met"] is False and "does not reach the target" in never["figure"]

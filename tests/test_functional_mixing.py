@@ -129,6 +129,17 @@ def test_smoothed_targets_sum_to_one_and_match_torch_label_smoothing():
     assert torch.allclose(F.cross_entropy(logits, soft), F.cross_entropy(logits, y, label_smoothing=0.1))
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_smoothed_class_indices_equal_smoothed_one_hot_probabilities(dtype):
+    y = torch.tensor([2, 0, 3, 3, 1], dtype=dtype)
+    from_indices = smooth_labels(y, 0.2, num_classes=4)
+    from_probs = smooth_labels(F.one_hot(y.long(), 4).float(), 0.2)
+    assert from_indices.dtype == torch.float32
+    torch.testing.assert_close(from_indices, from_probs)
+    assert torch.allclose(from_indices[torch.arange(5), y.long()], torch.full((5,), 0.8 + 0.05))
+    assert torch.allclose(from_indices.sum(1), torch.ones(5))
+
+
 def test_smoothing_commutes_with_mixing():
     y = torch.tensor([0, 1, 2, 1])
     perm = torch.tensor([3, 2, 1, 0])

@@ -80,6 +80,22 @@ def test_resize_follows_the_schedule_step_by_step():
     assert torch.equal(y, y0)
 
 
+def test_full_size_phase_skips_the_schedule_and_a_new_fit_starts_over(monkeypatch):
+    cb = ProgressiveResizing(0.5, 0.25, 0.25, validation="full")
+    planned: list[float] = []
+    plan_at = cb.plan_at
+    monkeypatch.setattr(cb, "plan_at", lambda progress, epoch: planned.append(progress) or plan_at(progress, epoch))
+    for _ in range(2):  # the same callback in a second fit resizes from the start again
+        model = SizeRecorder()
+        planned.clear()
+        trainer(callbacks=[cb], max_epochs=4).fit(model, *loaders("list", n=64, size=SIZE))
+        assert [size for _, size, _, _ in model.train_seen] == [
+            expected_size(s, 16, 0.5, 0.25, 0.25) for s in range(16)
+        ]
+        # steps 0..12 work out the plan; step 12 (progress 0.75) is the fine-tune phase's first: full size for good
+        assert planned == [s / 16 for s in range(13)]
+
+
 @pytest.mark.parametrize("kind", ["tuple", "dict", "namedtuple", "dataclass"])
 def test_any_batch_container(kind):
     model = SizeRecorder()

@@ -219,6 +219,7 @@ class ProgressiveResizing(SpeedupCallback):
         self._snapshot: Any = None
         self._has_bn = False
         self._checked = False
+        self._settled = False  # the fraction schedule reached full size for the rest of this fit
         self._wrapped_loader = False
         self._warned_no_calibration = False
         self.recalibrations = 0
@@ -262,13 +263,22 @@ class ProgressiveResizing(SpeedupCallback):
 
     # ------------------------------------------------------------------ on the device
     def transform_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
+        if self._settled:  # full size until the end of this fit: nothing to work out per batch
+            return batch
         x = self.fields.get_input(batch)
         target = self.fields.get_target(batch) if self.resize_targets else None
         if not self._checked:
             self._check_batch(x, target)
             self._checked = True
-        plan = self.current_plan(trainer)
+        progress = self.progress(trainer)
+        plan = self.plan_at(progress, trainer.current_epoch)
         self._plan = plan
+        # Progress only grows within a fit, and the fraction schedule stays at full size once it gets there.
+        self._settled = (
+            self.ramp is None
+            and plan.is_full
+            and (self.initial_scale >= 1.0 or progress >= 1.0 - self.finetune_fraction)
+        )
         full = (int(x.shape[-2]), int(x.shape[-1]))
         if self.mode == "pipeline":
             self._size = full  # the pipeline already made it; full-size batches are loaded when needed
@@ -391,6 +401,7 @@ class ProgressiveResizing(SpeedupCallback):
             return
         self._cache.clear()
         self._checked = False
+        self._settled = False
         self._wrapped_loader = False
         if self.val_remedy == "train_size":
             rank_zero_info(

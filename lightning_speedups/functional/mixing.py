@@ -24,6 +24,9 @@ from torch import Tensor
 RandomState = np.random.Generator | int | None
 
 
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
 def _rng(generator: RandomState) -> np.random.Generator:
     return generator if isinstance(generator, np.random.Generator) else np.random.default_rng(generator)
 
@@ -58,8 +61,13 @@ def smooth_labels(target: Tensor, smoothing: float, num_classes: int | None = No
     """
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"`smoothing` must be in [0, 1), got {smoothing!r}.")
+    if target.ndim == 1 and num_classes is not None and target.dtype in _INDEX_DTYPES:
+        # class indices: the smoothed one-hot in one fill and one scatter
+        off = smoothing / num_classes
+        out = torch.full((target.shape[0], num_classes), off, dtype=torch.float32, device=target.device)
+        return out.scatter_(1, target.long().unsqueeze(1), 1.0 - smoothing + off)
     probs = as_probabilities(target, num_classes)
-    return probs * (1.0 - smoothing) + smoothing / probs.shape[1]
+    return probs.mul(1.0 - smoothing).add_(smoothing / probs.shape[1])
 
 
 def sample_lambda(alpha: float, generator: RandomState = None) -> float:
