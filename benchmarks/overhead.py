@@ -667,8 +667,8 @@ WHY: dict[str, str] = {
         "in place: a batch may alias the dataset's storage)."
     ),
     "LabelSmoothing (active)": (
-        "transform_batch: {transform:.0f} µs in the fit ({alone:.0f} µs alone): one-hot targets (zeros and "
-        "a scatter) and two elementwise ops on a 64 x 10 tensor, plus the batch fields; no random draw. "
+        "transform_batch: {transform:.0f} µs in the fit ({alone:.0f} µs alone): the smoothed targets (a fill "
+        "and a scatter on a 64 x 10 tensor), plus the batch fields; no random draw. "
         "`method='loss'` (a loss module attribute set per step) avoids the tensor ops."
     ),
     "ProgressiveResizing (active)": (
@@ -677,10 +677,9 @@ WHY: dict[str, str] = {
         "than it costs (see *Δ whole step*)."
     ),
     "ProgressiveResizing (inactive)": (
-        "Per step it evaluates the schedule even at full size (progress from the trainer, a `ResizePlan`, the "
-        "size) in transform_batch ({transform:.0f} µs), plus on_train_batch_end ({end:.0f} µs) and the seam "
-        "({seam:.0f} µs). Caching the plan while the scale cannot change (the delay and fine-tune phases) "
-        "would save about half of transform_batch's share (the schedule is half of it in a profile)."
+        "Once the schedule is at full size for good (here from the first step; in a run, the fine-tune "
+        "phase) transform_batch passes batches through ({transform:.0f} µs); on_train_batch_end "
+        "({end:.0f} µs) and the seam ({seam:.0f} µs) make the rest."
     ),
     "LinearScalingWarmup (inactive)": (
         "Its optimizer step hooks run on every update even with a factor of 1: `_pre_step` ({pre:.0f} µs) "

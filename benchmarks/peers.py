@@ -318,7 +318,7 @@ NOTES = (
     "every implementation copies the batch once (timm: the flipped copy; ours, Composer's and torchvision's: the "
     "output, torchvision a rolled copy too) and pastes the box; ours gathers the partners' box straight into its "
     "copy (`torch.index_select(..., out=)`, also since this benchmark) instead of through a box-sized temporary. "
-    "Label smoothing: ours is the one-hot targets (zeros and a scatter), a multiply and an add. Resizing: ours and "
+    "Label smoothing: ours is one fill and one scatter for class indices. Resizing: ours and "
     "Composer's nearest resize are the same `F.interpolate` call; our default (antialiased bilinear) does more "
     "work per pixel, and our crop mode cuts a window per sample (Composer's crop is one window for the batch, a "
     "view, hence its near-zero time). In the resize group the ratio is to Composer's nearest resize."
