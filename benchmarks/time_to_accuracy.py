@@ -276,7 +276,8 @@ def section(quick: bool, out_dir: Path) -> str:
         "first one.",
         "",
     ]
-    goal_rows = []
+    goal_rows: list[dict[str, Any]] = []
+    digits: dict[str, Any] = {}
     for result in results:
         task = result["task"]
         table, verdicts = task_table(result)
@@ -300,8 +301,10 @@ def section(quick: bool, out_dir: Path) -> str:
         ]
         if task.name == "digits":
             goal_rows = [v for v in verdicts if v["preset"].startswith("vision")]
+            digits = result
     if goal_rows:
         lines += goal_lines(goal_rows)
+        lines += why_lines(goal_rows, digits)
     else:  # digits not run
         lines.append(common.goal_marker(GOAL_TEXT, "digits not run", None, "time_to_accuracy"))
     raw = {
@@ -384,6 +387,43 @@ def goal_lines(rows: list[dict[str, Any]]) -> list[str]:
         common.goal_marker(GOAL_TEXT, figure, met, "time_to_accuracy"),
         "",
     ]
+
+
+def _cpu_speedup(base: Any, arm: Any) -> str:
+    ratio = _ratio(base.cpu_to_target, arm.cpu_to_target)
+    return "does not get there in most seeds" if ratio is None else f"{ratio:.2f}x faster in CPU time"
+
+
+def why_lines(rows: list[dict[str, Any]], result: dict[str, Any]) -> list[str]:
+    """Where the vision presets stand against the baseline and the equal-budget control, from this run's figures."""
+    s, second = result["summaries"], result["secondary"]
+    base = s[BASELINE]
+    parts = [
+        f"On digits the baseline reaches its final accuracy ({result['target']:.2%}) after "
+        f"{_n(base.steps_to_target, '.0f')} of its {base.steps:.0f} steps."
+    ]
+    for v in rows:
+        control = result["controls"].get(v["preset"])
+        arm = second[v["preset"]]
+        text = (
+            f"{v['preset']} ends {100 * v['final_delta']:+.2f} points from it at "
+            f"{s[v['preset']].flops / base.flops:.2f} of the baseline's FLOPs; to 1 point below the target it "
+            f"{_cpu_speedup(second[BASELINE], arm)}"
+        )
+        if control and control in s:
+            text += (
+                f", the baseline shortened to the same FLOPs ({control}) "
+                f"{_cpu_speedup(second[BASELINE], second[control])}, ending "
+                f"{100 * (s[control].final - base.final):+.2f} points from it"
+            )
+        parts.append(text + ".")
+    deltas = [v["final_delta"] for v in rows]
+    deltas += [s[c].final - base.final for c in set(result["controls"].values()) if c in s]
+    parts.append(
+        f"Saving FLOPs, by smaller images or by fewer steps, cost {-100 * max(deltas):.2f} to "
+        f"{-100 * min(deltas):.2f} points at the end of this {result['task'].max_epochs}-epoch run."
+    )
+    return ["**Why.** " + " ".join(parts), ""]
 
 
 def main() -> None:
