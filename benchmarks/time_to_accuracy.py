@@ -391,7 +391,7 @@ def goal_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 def _cpu_speedup(base: Any, arm: Any) -> str:
     ratio = _ratio(base.cpu_to_target, arm.cpu_to_target)
-    return "does not get there in most seeds" if ratio is None else f"{ratio:.2f}x faster in CPU time"
+    return "not there in most seeds" if ratio is None else f"{ratio:.2f}x"
 
 
 def why_lines(rows: list[dict[str, Any]], result: dict[str, Any]) -> list[str]:
@@ -402,23 +402,20 @@ def why_lines(rows: list[dict[str, Any]], result: dict[str, Any]) -> list[str]:
         f"On digits the baseline reaches its final accuracy ({result['target']:.2%}) after "
         f"{_n(base.steps_to_target, '.0f')} of its {base.steps:.0f} steps."
     ]
+    groups: dict[str, list[str]] = {}
     for v in rows:
-        control = result["controls"].get(v["preset"])
-        arm = second[v["preset"]]
-        text = (
-            f"{v['preset']} ends {100 * v['final_delta']:+.2f} points from it at "
-            f"{s[v['preset']].flops / base.flops:.2f} of the baseline's FLOPs; to 1 point below the target it "
-            f"{_cpu_speedup(second[BASELINE], arm)}"
+        groups.setdefault(result["controls"].get(v["preset"], ""), []).append(v["preset"])
+    deltas = []
+    for control, presets_ in groups.items():
+        arms = presets_ + ([control] if control in s else [])
+        deltas += [s[a].final - base.final for a in arms]
+        ends = ", ".join(f"{a} {100 * (s[a].final - base.final):+.2f}" for a in arms)
+        share = statistics.median(s[a].flops for a in presets_) / base.flops
+        speed = ", ".join(f"{a} {_cpu_speedup(second[BASELINE], second[a])}" for a in arms)
+        parts.append(
+            f"At {share:.2f} of its FLOPs, the final accuracy against the baseline's (points): {ends}. Speedup in "
+            f"CPU time to 1 point below the target: {speed}."
         )
-        if control and control in s:
-            text += (
-                f", the baseline shortened to the same FLOPs ({control}) "
-                f"{_cpu_speedup(second[BASELINE], second[control])}, ending "
-                f"{100 * (s[control].final - base.final):+.2f} points from it"
-            )
-        parts.append(text + ".")
-    deltas = [v["final_delta"] for v in rows]
-    deltas += [s[c].final - base.final for c in set(result["controls"].values()) if c in s]
     parts.append(
         f"Saving FLOPs, by smaller images or by fewer steps, cost {-100 * max(deltas):.2f} to "
         f"{-100 * min(deltas):.2f} points at the end of this {result['task'].max_epochs}-epoch run."
