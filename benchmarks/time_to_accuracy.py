@@ -29,7 +29,7 @@ from typing import Any
 
 from benchmarks import common
 from lightning_speedups import compare, presets
-from lightning_speedups.compare import BASELINE, CompareConfig, RunResult
+from lightning_speedups.compare import BASELINE, ArmSummary, CompareConfig, RunResult
 
 # Goals of issue 7 for the best vision preset on digits.
 GOAL_SPEEDUP = 2.0
@@ -147,7 +147,7 @@ def run_task(task: Task, seeds: int, only: list[str] | None = None, log: Any = p
                     log(f"  [{task.name}] seed {seed} {control}: final {done[control].final:.4f}")
             runs += done.values()
     target = statistics.median(r.final for r in runs if r.arm == BASELINE)
-    names = [BASELINE] + [a[0] for a in arms] + sorted(set(controls.values()), key=lambda c: -int(c.split()[2]))
+    names = [BASELINE, *(a[0] for a in arms), *dict.fromkeys(controls.values())]
     return {
         "task": task,
         "seeds": seeds,
@@ -161,67 +161,60 @@ def run_task(task: Task, seeds: int, only: list[str] | None = None, log: Any = p
     }
 
 
-def summarise(runs: list[RunResult], names: list[str], target: float) -> dict[str, Any]:
-    """Per arm, compare's summary at ``target`` plus the median steps to it."""
-    summaries = {}
-    for arm in names:
-        arm_runs = [r for r in runs if r.arm == arm]
-        if arm_runs:
-            summaries[arm] = compare._summarise(arm, arm_runs, target)
-            hits = [c for c in (r.to_target(target) for r in arm_runs) if c is not None]
-            majority = len(hits) * 2 > len(arm_runs)  # as compare's other "to target" figures
-            summaries[arm].steps_to_target = statistics.median(c.step for c in hits) if majority else None
-    return summaries
+def summarise(runs: list[RunResult], names: list[str], target: float) -> dict[str, ArmSummary]:
+    """Per arm, compare's summary at ``target``."""
+    by_arm = {arm: [r for r in runs if r.arm == arm] for arm in names}
+    return {arm: compare._summarise(arm, arm_runs, target) for arm, arm_runs in by_arm.items() if arm_runs}
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a and b else None
+_TO_TARGET = ("wall_to_target", "cpu_to_target", "flops_to_target")
 
 
-def _x(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f}×"
+def _speedups(base: ArmSummary, arm: ArmSummary) -> list[float | None]:
+    """The baseline's wall-clock, CPU time and FLOPs to the target over the arm's."""
+    return [compare._ratio(getattr(base, f), getattr(arm, f)) for f in _TO_TARGET]
 
 
-def _n(value: float | None, fmt: str) -> str:
-    return "not reached" if value is None else format(value, fmt)
-
-
-def task_table(result: dict[str, Any], key: str = "summaries") -> tuple[list[str], list[dict[str, Any]]]:
+def task_table(result: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     """The markdown table of one task and, per preset, the figures the goals are judged on."""
-    s, base = result[key], result[key][BASELINE]
-    lines = [
-        "| arm | final acc (median) | Δ acc vs baseline (pt) | reached | wall s to target | CPU s to target "
-        "| GFLOP to target | steps to target | speedup wall | speedup CPU | speedup FLOPs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    verdicts = []
+    s, base = result["summaries"], result["summaries"][BASELINE]
+    rows = []
     for arm, summ in s.items():
         gflop = None if summ.flops_to_target is None else summ.flops_to_target / 1e9
-        lines.append(
-            f"| {arm} | {summ.final:.4f} | {100 * (summ.final - base.final):+.2f} | {summ.reached}/{summ.runs} "
-            f"| {_n(summ.wall_to_target, '.1f')} | {_n(summ.cpu_to_target, '.1f')} | {_n(gflop, '.1f')} "
-            f"| {_n(summ.steps_to_target, '.0f')} | {_x(_ratio(base.wall_to_target, summ.wall_to_target))} "
-            f"| {_x(_ratio(base.cpu_to_target, summ.cpu_to_target))} "
-            f"| {_x(_ratio(base.flops_to_target, summ.flops_to_target))} |"
+        rows.append(
+            [
+                arm,
+                f"{summ.final:.4f}",
+                f"{100 * (summ.final - base.final):+.2f}",
+                f"{summ.reached}/{summ.runs}",
+                compare._num(summ.wall_to_target, ".1f"),
+                compare._num(summ.cpu_to_target, ".1f"),
+                compare._num(gflop, ".1f"),
+                compare._num(summ.steps_to_target, ".0f"),
+                *map(compare._speed, _speedups(base, summ)),
+            ]
         )
+    headers = ["arm", "final acc (median)", "Δ acc vs baseline (pt)", "reached", "wall s to target"]
+    headers += ["CPU s to target", "GFLOP to target", "steps to target", "speedup wall", "speedup CPU"]
+    table = common.markdown_table([*headers, "speedup FLOPs"], rows)
+    verdicts = []
     for label, _, _ in result["arms"]:
         summ = s[label]
         budget = s.get(result["controls"].get(label, ""))
+        wall, cpu, flops = _speedups(base, summ)
         verdicts.append(
             {
                 "preset": label,
                 "reached": f"{summ.reached}/{summ.runs}",
                 "final_delta": summ.final - base.final,
-                "speedup_cpu": _ratio(base.cpu_to_target, summ.cpu_to_target),
-                "speedup_wall": _ratio(base.wall_to_target, summ.wall_to_target),
-                "speedup_flops": _ratio(base.flops_to_target, summ.flops_to_target),
+                "speedup_cpu": cpu,
+                "speedup_wall": wall,
+                "speedup_flops": flops,
                 "budget_reached": None if budget is None else budget.cpu_to_target is not None,
-                "vs_budget_cpu": None if budget is None else _ratio(budget.cpu_to_target, summ.cpu_to_target),
-                "vs_budget_wall": None if budget is None else _ratio(budget.wall_to_target, summ.wall_to_target),
-                "budget_final": None if budget is None else budget.final,
+                "vs_budget_cpu": None if budget is None else compare._ratio(budget.cpu_to_target, summ.cpu_to_target),
             }
         )
-    return lines, verdicts
+    return table, verdicts
 
 
 def plot_task(result: dict[str, Any], path: Path) -> None:
@@ -289,12 +282,12 @@ def section(quick: bool, out_dir: Path) -> str:
             f"{task.max_epochs} epochs; target {result['target']:.4f}; {result['seconds'] / 60:.1f} min for this "
             f"table. {task.note}",
             "",
-            *table,
+            table,
             "",
             *control_lines(result),
             f"To {result['target'] - SECONDARY_DROP:.4f} (the target less {100 * SECONDARY_DROP:.0f} point):",
             "",
-            *secondary_table(result),
+            secondary_table(result),
             "",
             f"![accuracy against CPU time and FLOPs]({plot.parent.name}/{plot.name})",
             "",
@@ -339,16 +332,12 @@ def control_lines(result: dict[str, Any]) -> list[str]:
     return [f"Controls: {text}.", ""]
 
 
-def secondary_table(result: dict[str, Any]) -> list[str]:
+def secondary_table(result: dict[str, Any]) -> str:
     s, base = result["secondary"], result["secondary"][BASELINE]
-    lines = ["| arm | reached | speedup wall | speedup CPU | speedup FLOPs |", "|---|---|---|---|---|"]
-    for arm, summ in s.items():
-        lines.append(
-            f"| {arm} | {summ.reached}/{summ.runs} | {_x(_ratio(base.wall_to_target, summ.wall_to_target))} "
-            f"| {_x(_ratio(base.cpu_to_target, summ.cpu_to_target))} "
-            f"| {_x(_ratio(base.flops_to_target, summ.flops_to_target))} |"
-        )
-    return lines
+    rows = [
+        [arm, f"{summ.reached}/{summ.runs}", *map(compare._speed, _speedups(base, summ))] for arm, summ in s.items()
+    ]
+    return common.markdown_table(["arm", "reached", "speedup wall", "speedup CPU", "speedup FLOPs"], rows)
 
 
 def goal_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -367,7 +356,7 @@ def goal_lines(rows: list[dict[str, Any]]) -> list[str]:
     elif best["budget_reached"] is False:
         vs_budget, met_budget = "the equal-budget baseline never reaches the target", True
     else:
-        vs_budget = f"{_x(best['vs_budget_cpu'])} in CPU time against the equal-budget baseline"
+        vs_budget = f"{compare._speed(best['vs_budget_cpu'])} in CPU time against the equal-budget baseline"
         met_budget = (best["vs_budget_cpu"] or 0.0) >= GOAL_BUDGET_SPEEDUP
     met = met_speed and met_acc and met_budget
     if best["speedup_cpu"] is None:
@@ -377,9 +366,9 @@ def goal_lines(rows: list[dict[str, Any]]) -> list[str]:
         )
     else:
         figure = (
-            f"best: {best['preset']}, {_x(best['speedup_cpu'])} CPU time, {_x(best['speedup_flops'])} FLOPs, "
-            f"{_x(best['speedup_wall'])} wall-clock, final accuracy {100 * best['final_delta']:+.2f} points; "
-            f"{vs_budget}"
+            f"best: {best['preset']}, {compare._speed(best['speedup_cpu'])} CPU time, "
+            f"{compare._speed(best['speedup_flops'])} FLOPs, {compare._speed(best['speedup_wall'])} wall-clock, "
+            f"final accuracy {100 * best['final_delta']:+.2f} points; {vs_budget}"
         )
     return [
         f"**Goal** ({GOAL_TEXT}): {common.met_label(met)}. {figure[0].upper()}{figure[1:]}.",
@@ -390,7 +379,7 @@ def goal_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _cpu_speedup(base: Any, arm: Any) -> str:
-    ratio = _ratio(base.cpu_to_target, arm.cpu_to_target)
+    ratio = compare._ratio(base.cpu_to_target, arm.cpu_to_target)
     return "not there in most seeds" if ratio is None else f"{ratio:.2f}x"
 
 
@@ -400,7 +389,7 @@ def why_lines(rows: list[dict[str, Any]], result: dict[str, Any]) -> list[str]:
     base = s[BASELINE]
     parts = [
         f"On digits the baseline reaches its final accuracy ({result['target']:.2%}) after "
-        f"{_n(base.steps_to_target, '.0f')} of its {base.steps:.0f} steps."
+        f"{compare._num(base.steps_to_target, '.0f')} of its {base.steps:.0f} steps."
     ]
     groups: dict[str, list[str]] = {}
     for v in rows:
@@ -433,7 +422,7 @@ def main() -> None:
     for name in args.tasks:
         result = run_task(TASKS[name], args.seeds, args.only)
         table, verdicts = task_table(result)
-        print(f"\n{TASKS[name].title}: target {result['target']:.4f}\n" + "\n".join(table))
+        print(f"\n{TASKS[name].title}: target {result['target']:.4f}\n" + table)
         if name == "digits":
             print("\n".join(goal_lines([v for v in verdicts if v["preset"].startswith("vision")] or verdicts)))
         if args.json:

@@ -103,6 +103,7 @@ class ArmSummary:
     wall_to_target: float | None
     cpu_to_target: float | None
     flops_to_target: float | None
+    steps_to_target: float | None = None
     speedup_wall: float | None = None
     speedup_cpu: float | None = None
     speedup_flops: float | None = None
@@ -304,6 +305,7 @@ def _median(values: Sequence[float]) -> float | None:
 
 def _summarise(arm: str, runs: list[RunResult], target: float) -> ArmSummary:
     hits = [c for c in (r.to_target(target) for r in runs) if c is not None]
+    majority = len(hits) * 2 > len(runs)
     return ArmSummary(
         arm=arm,
         runs=len(runs),
@@ -313,9 +315,10 @@ def _summarise(arm: str, runs: list[RunResult], target: float) -> ArmSummary:
         flops=statistics.median(r.flops for r in runs),
         steps=statistics.median(r.steps for r in runs),
         reached=len(hits),
-        wall_to_target=_median([c.wall for c in hits]) if len(hits) * 2 > len(runs) else None,
-        cpu_to_target=_median([c.cpu for c in hits]) if len(hits) * 2 > len(runs) else None,
-        flops_to_target=_median([c.flops for c in hits]) if len(hits) * 2 > len(runs) else None,
+        wall_to_target=_median([c.wall for c in hits]) if majority else None,
+        cpu_to_target=_median([c.cpu for c in hits]) if majority else None,
+        flops_to_target=_median([c.flops for c in hits]) if majority else None,
+        steps_to_target=_median([c.step for c in hits]) if majority else None,
     )
 
 

@@ -128,8 +128,6 @@ def _verdict(preset, cpu, flops, delta, budget_reached=None, vs_budget=None):
         "speedup_flops": flops,
         "budget_reached": budget_reached,
         "vs_budget_cpu": vs_budget,
-        "vs_budget_wall": vs_budget,
-        "budget_final": None,
     }
 
 
