@@ -38,7 +38,6 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
@@ -47,6 +46,7 @@ if str(ROOT) not in sys.path:  # run as a script: make `lightning_speedups` impo
     sys.path.insert(0, str(ROOT))
 
 from lightning_speedups.data import SpeedupDataModule  # noqa: E402
+from lightning_speedups.demo import PlainClassifier  # noqa: E402
 
 
 def _import_mnist1d_data() -> Any:
@@ -177,8 +177,8 @@ class ConvNet1D(nn.Module):
         return self.fc(self.dropout(h))
 
 
-class MNIST1DClassifier(pl.LightningModule):
-    """The paper's 1-D CNN as a plain classifier, with :class:`~lightning_speedups.demo.ImageClassifier`'s interface.
+class MNIST1DClassifier(PlainClassifier):
+    """The paper's 1-D CNN in :class:`~lightning_speedups.demo.PlainClassifier` (as the digits demo's classifier).
 
     Args:
         num_classes: output classes.
@@ -206,43 +206,9 @@ class MNIST1DClassifier(pl.LightningModule):
         length: int = 40,
         pool: str = "flatten",
     ) -> None:
-        super().__init__()
-        if optimizer not in ("sgd", "adamw"):
-            raise ValueError(f"`optimizer` must be 'sgd' or 'adamw', got {optimizer!r}.")
-        if schedule not in ("cosine", "constant"):
-            raise ValueError(f"`schedule` must be 'cosine' or 'constant', got {schedule!r}.")
+        super().__init__(num_classes, optimizer, schedule)
         self.save_hyperparameters()
-        self.num_classes = num_classes
         self.model = ConvNet1D(num_classes, in_channels, channels, length, dropout, pool)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.model(x)
-
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        x, y = batch
-        loss = F.cross_entropy(self(x), y)
-        self.log("train_loss", loss, prog_bar=True)
-        return loss
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = batch
-        logits = self(x)
-        self.log("val_loss", F.cross_entropy(logits, y))
-        self.log("val_acc", (logits.argmax(1) == y).float().mean(), prog_bar=True)
-
-    def configure_optimizers(self) -> Any:
-        hp = self.hparams
-        if hp.optimizer == "sgd":
-            opt: torch.optim.Optimizer = torch.optim.SGD(
-                self.parameters(), lr=hp.lr, momentum=0.9, nesterov=True, weight_decay=hp.weight_decay
-            )
-        else:
-            opt = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
-        if hp.schedule == "constant":
-            return opt
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
 class _Curve(pl.Callback):

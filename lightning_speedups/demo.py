@@ -158,42 +158,22 @@ class SmallResNet(nn.Module):
         return self.fc(self.dropout(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)))
 
 
-class ImageClassifier(pl.LightningModule):
-    """A plain classifier: ``F.cross_entropy`` in ``training_step``, accuracy in ``validation_step``.
+class PlainClassifier(pl.LightningModule):
+    """A plain classifier around ``self.model``: ``F.cross_entropy`` in ``training_step``, accuracy in
+    ``validation_step``, SGD or AdamW with a per-step cosine schedule.
 
     Its ``training_step`` is what users write without our callbacks, on purpose: the callbacks must work
-    with it unchanged.
-
-    Args:
-        num_classes: output classes.
-        lr: peak learning rate.
-        optimizer: ``"sgd"`` (Nesterov momentum 0.9) or ``"adamw"``.
-        weight_decay: weight decay.
-        schedule: ``"cosine"`` (per step, to zero over the run) or ``"constant"``.
-        widths: channels of the :class:`SmallResNet` stages.
-        dropout: dropout before the classifier.
-        in_channels: input channels.
+    with it unchanged. Subclasses set ``self.model`` and call ``self.save_hyperparameters()`` (which must
+    hold ``lr``, ``optimizer``, ``weight_decay`` and ``schedule``).
     """
 
-    def __init__(
-        self,
-        num_classes: int = 10,
-        lr: float = 0.05,
-        optimizer: str = "sgd",
-        weight_decay: float = 5e-4,
-        schedule: str = "cosine",
-        widths: tuple[int, ...] = (16, 32, 64),
-        dropout: float = 0.0,
-        in_channels: int = 1,
-    ) -> None:
+    def __init__(self, num_classes: int, optimizer: str, schedule: str) -> None:
         super().__init__()
         if optimizer not in ("sgd", "adamw"):
             raise ValueError(f"`optimizer` must be 'sgd' or 'adamw', got {optimizer!r}.")
         if schedule not in ("cosine", "constant"):
             raise ValueError(f"`schedule` must be 'cosine' or 'constant', got {schedule!r}.")
-        self.save_hyperparameters()
         self.num_classes = num_classes
-        self.model = SmallResNet(num_classes, in_channels, tuple(widths), dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
@@ -224,3 +204,33 @@ class ImageClassifier(pl.LightningModule):
         total = max(1, int(self.trainer.estimated_stepping_batches))
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class ImageClassifier(PlainClassifier):
+    """:class:`PlainClassifier` around a :class:`SmallResNet`.
+
+    Args:
+        num_classes: output classes.
+        lr: peak learning rate.
+        optimizer: ``"sgd"`` (Nesterov momentum 0.9) or ``"adamw"``.
+        weight_decay: weight decay.
+        schedule: ``"cosine"`` (per step, to zero over the run) or ``"constant"``.
+        widths: channels of the :class:`SmallResNet` stages.
+        dropout: dropout before the classifier.
+        in_channels: input channels.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        lr: float = 0.05,
+        optimizer: str = "sgd",
+        weight_decay: float = 5e-4,
+        schedule: str = "cosine",
+        widths: tuple[int, ...] = (16, 32, 64),
+        dropout: float = 0.0,
+        in_channels: int = 1,
+    ) -> None:
+        super().__init__(num_classes, optimizer, schedule)
+        self.save_hyperparameters()
+        self.model = SmallResNet(num_classes, in_channels, tuple(widths), dropout)
