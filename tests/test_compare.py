@@ -6,7 +6,15 @@ import re
 import pytest
 
 from lightning_speedups.cli import main
-from lightning_speedups.compare import CompareConfig, parse_callback, run_comparison
+from lightning_speedups.compare import (
+    CompareConfig,
+    _median_to_target,
+    _run,
+    parse_callback,
+    run_comparison,
+)
+from lightning_speedups.demo import DigitsDataModule, ImageClassifier
+from lightning_speedups.meter import Checkpoint
 
 TINY = [
     "--model",
@@ -74,12 +82,63 @@ def test_repeats_interleave_and_target_is_reported():
     )
     report = run_comparison(cfg)
     assert [(r.arm, r.repeat) for r in report.runs] == [
+        ("callbacks: LabelSmoothing", 0),  # the recipe first: a recipe that cannot run fails before the baseline
         ("baseline", 0),
-        ("callbacks: LabelSmoothing", 0),
-        ("callbacks: LabelSmoothing", 1),  # the first two arms swap places every other repeat
-        ("baseline", 1),
+        ("baseline", 1),  # the first two arms swap places every other repeat
+        ("callbacks: LabelSmoothing", 1),
     ]
     assert report.target == 0.05 and all(s.reached == 2 for s in report.summaries)
+
+
+def test_with_an_even_number_of_repeats_the_default_target_is_reached_by_the_baseline():
+    cfg = CompareConfig(
+        callbacks=["LabelSmoothing"],
+        model="lightning_speedups.demo:ImageClassifier",
+        datamodule="lightning_speedups.demo:DigitsDataModule",
+        model_args={"widths": [4]},
+        datamodule_args={"size": 8, "batch_size": 512},
+        accelerator="cpu",
+        max_epochs=1,
+        repeats=2,
+        seed=3,
+        output=None,
+        progress=False,
+    )
+    report = run_comparison(cfg)
+    finals = sorted(r.final for r in report.runs if r.arm == "baseline")
+    assert report.target == finals[0]  # the lower median; the plain median would be their mean
+    baseline = report.summary("baseline")
+    assert baseline.reached == 2 and baseline.wall_to_target is not None and baseline.speedup_wall == 1.0
+
+
+def _at(wall: float) -> Checkpoint:
+    return Checkpoint(step=int(wall), epoch=0, wall=wall, cpu=wall, flops=wall, metric=1.0)
+
+
+def test_time_to_target_counts_a_missed_run_as_never_reaching():
+    # three repeats, two reach at 10 s and 20 s: the median of (10, 20, never) is 20, not the 15 of the two hits
+    assert _median_to_target([_at(10.0), None, _at(20.0)], "wall") == 20.0
+    assert _median_to_target([_at(10.0), _at(30.0), _at(20.0)], "wall") == 20.0
+    assert _median_to_target([_at(10.0), None], "wall") is None  # half the repeats missed: not reached
+    assert _median_to_target([None, None, _at(5.0)], "step") is None
+    assert _median_to_target([], "wall") is None
+
+
+def test_the_equal_budget_run_is_validated_at_its_last_step_even_mid_epoch():
+    cfg = CompareConfig(accelerator="cpu", max_epochs=2, progress=False, output=None)
+    result = _run(
+        "budget",
+        0,
+        cfg,
+        lambda: ImageClassifier(widths=[4]),
+        lambda: DigitsDataModule(size=8, batch_size=128),  # 12 steps an epoch
+        [],
+        {},
+        None,
+        max_steps=17,
+    )
+    assert result.steps == 17
+    assert [c.step for c in result.history] == [12, 17]  # the end of epoch 1, then the budget's last step
 
 
 @pytest.mark.parametrize(
@@ -111,6 +170,12 @@ def test_repeats_interleave_and_target_is_reported():
         (["--callback", "MixUp:alpha"], "arguments look like 'name=value'"),
         (["--callback", "MixUp:alpha=-1"], "`alpha` must be > 0"),
         (["--model-args", "[1]"], None),
+        (
+            [*TINY[:6], "--callback", "LabelSmoothing:num_classes=5"],  # digits has 10 classes: fails in fit
+            r"the 'callbacks: LabelSmoothing:num_classes=5' run could not start or stopped: ValueError: "
+            r"LabelSmoothing: class indices must lie in \[0, 5\)",
+        ),
+        (["--accelerator", "gpu", *TINY[:4], "--callback", "MixUp"], "MisconfigurationException"),
     ],
 )
 def test_bad_input_gives_a_message_not_a_traceback(args, message, capsys):
