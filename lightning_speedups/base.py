@@ -201,6 +201,11 @@ class SpeedupCallback(Callback):
         if self.transforms_batches:
             seam.uninstall(trainer, self)
 
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # Lightning skips `teardown` when fit raises: take the seam out here, or the strategy keeps our wrapper
+        if self.transforms_batches:
+            seam.uninstall(trainer, self)
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._refresh_total_steps(trainer)
 

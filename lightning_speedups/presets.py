@@ -195,18 +195,36 @@ def _format_args(args: Mapping[str, Any]) -> str:
 
 
 def recommended_precision(accelerator: str = "auto") -> str:
-    """``bf16-mixed`` on CUDA devices that support bf16, ``16-mixed`` on older CUDA, else ``32-true``."""
+    """``bf16-mixed`` on CUDA devices with native bf16 (compute capability 8.0 and up), ``16-mixed`` on older
+    CUDA devices (where bf16 would be emulated, slowly), else ``32-true``."""
     on_cuda = accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available())
     if not on_cuda or not torch.cuda.is_available():
         return "32-true"
-    return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    return "bf16-mixed" if torch.cuda.is_bf16_supported(including_emulation=False) else "16-mixed"
 
 
 def recommended_strategy(devices: int | str | Sequence[int]) -> str:
-    """Lightning's DDP when several devices are asked for, else Lightning's default."""
-    if isinstance(devices, Sequence) and not isinstance(devices, str):
+    """Lightning's DDP when several devices are asked for, else Lightning's default.
+
+    ``devices`` takes the Trainer's forms: a count (``2``, ``"2"``), ``-1``/``"auto"`` (every visible GPU),
+    a list of device ids (``[0, 1]``) or a comma-separated string of ids (``"0,1"``, ``"1,"``).
+    """
+    if isinstance(devices, str):
+        text = devices.strip()
+        if "," in text:
+            several = len([d for d in text.split(",") if d.strip()]) > 1
+        elif text in ("-1", "auto"):
+            several = torch.cuda.device_count() > 1
+        else:
+            try:
+                several = int(text) > 1
+            except ValueError:
+                raise ValueError(
+                    f"`devices` must be a count, -1, 'auto', a list of ids or a string like '0,1'; got {devices!r}."
+                ) from None
+    elif isinstance(devices, Sequence):
         several = len(devices) > 1
-    elif devices in (-1, "-1", "auto"):
+    elif devices == -1:
         several = torch.cuda.device_count() > 1
     else:
         several = int(devices) > 1

@@ -180,11 +180,18 @@ class TargetTransformCallback(SpeedupCallback):
         if not self.draw_active(trainer):
             self._applied = 0.0
             return batch
-        x, target = self.fields.get(batch)
+        x, target = self._read(batch)
         num_classes = self.num_classes or target.shape[1]
         new_x, new_target = self.apply(x, target, num_classes, trainer)
         self._applied = 1.0
         return self.fields.replace(batch, input=new_x if self.mixes_inputs else None, target=new_target)
+
+    def _read(self, batch: Any) -> tuple[Any, Any]:
+        """``(input, target)``; a technique that leaves the input alone reads only the target, so a batch whose
+        input is not where `input_key` looks (or has several inputs) still works."""
+        if self.mixes_inputs:
+            return self.fields.get(batch)
+        return None, self.fields.get_target(batch)
 
     def _keep_hard_target(self, batch: Any) -> Any:
         if not isinstance(batch, dict):
@@ -200,7 +207,7 @@ class TargetTransformCallback(SpeedupCallback):
     def _check_batch(self, batch: Any) -> None:
         """Check the first training batch (values included, which costs one device sync, once)."""
         who = type(self).__name__
-        x, target = self.fields.get(batch)
+        x, target = self._read(batch)
         if target is None:
             raise ValueError(
                 f"{who} found no target in the training batch ({type(batch).__name__}). Pass `target_key=`."

@@ -245,6 +245,28 @@ def test_batch_without_the_named_key():
     fit_expecting([CutMix(target_key="y")], r"no target at 'y'", train=loaders("dict")[0])
 
 
+def test_label_smoothing_reads_only_the_target():
+    """A batch whose input no default name finds (here 'pixels') is fine for LabelSmoothing, which leaves the
+    input alone; MixUp, which mixes it, asks for `input_key`."""
+    x, y = image_tensors(32)
+
+    def collate(samples):
+        return {"pixels": torch.stack([s[0] for s in samples]), "label": torch.stack([s[1] for s in samples])}
+
+    train = DataLoader(TensorDataset(x, y), batch_size=16, collate_fn=collate)
+
+    class Pixels(RecordingModule):
+        def training_step(self, batch, batch_idx):
+            return super().training_step((batch["pixels"], batch["label"]), batch_idx)
+
+    model = Pixels()
+    trainer(callbacks=[LabelSmoothing(0.2)], max_epochs=1).fit(model, train)
+    assert len(model.train_batches) == 2
+    for (_, target), y0 in zip(model.train_batches, y.split(16), strict=True):
+        assert torch.allclose(target, 0.8 * F.one_hot(y0, C) + 0.2 / C)
+    fit_expecting([MixUp()], r"Could not find the input.*input_key", model=Pixels(), train=train)
+
+
 def test_flat_features_for_cutmix():
     train = DataLoader(TensorDataset(torch.randn(32, 10), torch.arange(32) % C), batch_size=16)
 

@@ -100,15 +100,24 @@ def test_broken_entry_point_warns_and_keeps_the_built_ins(registry, tmp_path, mo
 def test_recommended_trainer_settings(monkeypatch):
     assert presets.recommended_precision("cpu") == "32-true"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    # torch's default counts emulated bf16 (pre-Ampere) as supported; only native bf16 should pick bf16-mixed
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     assert presets.recommended_precision("gpu") == "bf16-mixed"
     assert presets.recommended_precision("auto") == "bf16-mixed"
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
     assert presets.recommended_precision("cuda") == "16-mixed"
     assert presets.recommended_precision("cpu") == "32-true"
     assert presets.recommended_strategy(1) == "auto"
     assert presets.recommended_strategy(4) == "ddp"
     assert presets.recommended_strategy([0, 1]) == "ddp"
+    assert presets.recommended_strategy("0,1") == "ddp"  # the Trainer's string forms
+    assert presets.recommended_strategy("1,") == "auto"
+    assert presets.recommended_strategy("2") == "ddp"
+    assert presets.recommended_strategy("1") == "auto"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert presets.recommended_strategy("auto") == presets.recommended_strategy(-1) == "ddp"
+    with pytest.raises(ValueError, match="`devices` must be a count"):
+        presets.recommended_strategy("two")
     recipe = presets.get("baseline", accelerator="cpu", devices=2)
     assert recipe.trainer_kwargs == {"accelerator": "cpu", "devices": 2, "precision": "32-true", "strategy": "ddp"}
 

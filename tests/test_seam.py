@@ -59,6 +59,25 @@ def test_training_batches_replaced_in_callback_order_validation_untouched(kind):
     assert not hasattr(strategy, "_lightning_speedups_seam")
 
 
+def test_a_failed_fit_leaves_the_strategy_as_it_was():
+    """Lightning does not call `teardown` when fit raises; the seam must still come out."""
+
+    class Crashes(RecordingModule):
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 1:
+                raise ArithmeticError("user bug")
+            return super().training_step(batch, batch_idx)
+
+    log: list = []
+    t = trainer(callbacks=[AddToInput(1.0, log), AddToInput(2.0, log)], max_epochs=1)
+    with pytest.raises(ArithmeticError, match="user bug"):
+        t.fit(Crashes(), loaders("list", n=32)[0])
+    assert len(log) == 4  # both transforms ran on the two batches the step saw
+    assert "batch_to_device" not in vars(t.strategy)
+    assert not hasattr(t.strategy, "_lightning_speedups_seam")
+    assert active_transforms(t) == []
+
+
 def test_runs_after_model_and_datamodule_transfer_hooks():
     log: list = []
     model = MarkingModule()

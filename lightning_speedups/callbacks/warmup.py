@@ -196,6 +196,7 @@ class LinearScalingWarmup(SpeedupCallback):
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._restore_all()  # never leave a scaled learning rate behind (e.g. in an on-exception checkpoint)
+        super().on_exception(trainer, pl_module, exception)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._unregister()
