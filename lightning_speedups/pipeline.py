@@ -99,8 +99,16 @@ class ResolutionDataset(Dataset):
             self._verified = True
         return sample
 
+    def __getitems__(self, keys: list[Any]) -> list[Any]:
+        # The DataLoader fetches a batch through `__getitems__` when the dataset has one; every key goes through
+        # `__getitem__` so that each planned index loads under its plan (a wrapped `Subset`'s own batch fetch
+        # would receive the `PlannedIndex` pairs and fail).
+        return [self[key] for key in keys]
+
     def __getattr__(self, name: str) -> Any:
-        if name == "dataset":  # not set yet (unpickling): avoid recursing
+        # `dataset` is not set yet while unpickling: avoid recursing. Special names are never forwarded: they
+        # belong to this wrapper's protocol, not the wrapped dataset's.
+        if name == "dataset" or (name.startswith("__") and name.endswith("__")):
             raise AttributeError(name)
         return getattr(self.dataset, name)
 

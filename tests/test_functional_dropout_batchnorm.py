@@ -3,7 +3,7 @@
 import pytest
 import torch
 from torch import Tensor, nn
-from torchvision.ops import StochasticDepth
+from torchvision.ops import DropBlock2d, DropBlock3d, StochasticDepth
 
 from lightning_speedups.functional import (
     batchnorm_layers,
@@ -48,6 +48,9 @@ class EveryDropout(nn.Module):
         self.lstm = nn.LSTM(16, 16, num_layers=2, dropout=0.2, batch_first=True)
         self.depth = StochasticDepth(0.3, mode="row")
         self.path = DropPath(0.3)
+        self.block2d = DropBlock2d(0.3, block_size=1)
+        self.block3d = DropBlock3d(0.3, block_size=1)
+        self.drop_rate = 0.4  # timm models' head dropout: F.dropout(x, self.drop_rate) in forward
         self.off = nn.Dropout(0.0)  # already off: not counted as removed
 
     def forward(self, x: Tensor) -> Tensor:  # x: (N, L, 6)
@@ -59,6 +62,9 @@ class EveryDropout(nn.Module):
         h = self.encoder(h)
         h = self.decoder(h, h)
         h = self.lstm(h)[0]
+        h = self.block2d(h.unsqueeze(1)).squeeze(1)
+        h = self.block3d(h.unsqueeze(1).unsqueeze(1)).squeeze(1).squeeze(1)
+        h = nn.functional.dropout(h, self.drop_rate, self.training)
         return self.off(self.path(h) + self.depth(h))
 
 
@@ -84,6 +90,9 @@ def test_every_kind_is_found_and_switched_off():
         ("lstm", "dropout"),
         ("depth", "p"),
         ("path", "drop_prob"),
+        ("block2d", "p"),
+        ("block3d", "p"),
+        ("", "drop_rate"),
         ("off", "p"),
     ]:
         assert expected in found, expected
@@ -115,6 +124,30 @@ def test_train_mode_outputs_become_deterministic():
     torch.testing.assert_close(a, b, rtol=0, atol=0)
     model.eval()
     torch.testing.assert_close(model(x), a, rtol=1e-5, atol=1e-6)  # and equal to eval mode (no BatchNorm here)
+
+
+def test_a_timm_model_with_head_dropout_drop_path_and_drop_block():
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model(
+        "resnet10t", pretrained=False, num_classes=4, drop_rate=0.3, drop_path_rate=0.2, drop_block_rate=0.2
+    ).train()
+    kinds = {(s.kind, s.attribute) for s in find_dropout(model)}
+    assert ("ResNet", "drop_rate") in kinds and ("DropPath", "drop_prob") in kinds
+    assert any(kind == "DropBlock2d" for kind, _ in kinds)
+    x = torch.randn(2, 3, 32, 32)
+    torch.manual_seed(1)
+    a = model(x)
+    torch.manual_seed(2)
+    assert not torch.allclose(a, model(x))  # the random draws show in train mode
+    removed = disable_dropout(model)
+    assert model.drop_rate == 0.0 and all(s.value == 0 for s in find_dropout(model))
+    torch.manual_seed(1)
+    a = model(x)
+    torch.manual_seed(2)
+    torch.testing.assert_close(model(x), a, rtol=0, atol=0)  # train mode, yet no draw changes the output
+    restore_dropout(model, removed)
+    assert model.drop_rate == 0.3
 
 
 def test_a_model_without_dropout_has_no_sites():

@@ -136,6 +136,12 @@ def test_resolution_size_is_shorter_side():
     assert resolution_size((256, 256), 160) == (160, 160)
     assert resolution_size((240, 320), 160, 8) == (160, 216)  # 320 * 160 / 240 = 213.3 -> 216
     assert resolution_size((320, 240), 160, 8) == (216, 160)
+    # a square stays square even off the increment (30 would round its "long" side to 32)
+    assert resolution_size((30, 30), 30) == (30, 30) and resolution_size((30, 30), 26) == (26, 26)
+    # the image's own size at its own shorter side (43 would round to 44, and a crop of 44 cannot fit in 43)
+    assert resolution_size((30, 43), 30) == (30, 43) and resolution_size((43, 30), 30) == (43, 30)
+    assert resolution_size((30, 43), 29) == (29, 40)  # 43 * 29 / 30 = 41.6 -> 40
+    assert resolution_size((30, 43), 60) == (60, 88)  # upsampling: no cap
     assert ResizePlan(resolution=160, size_increment=8).size_for((320, 240)) == (216, 160)
     assert ResizePlan(scale=0.5).size_for((64, 48)) == (32, 24)
     assert ResizePlan().is_full and not ResizePlan(scale=0.9).is_full and not ResizePlan(resolution=64).is_full

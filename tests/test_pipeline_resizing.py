@@ -1,16 +1,18 @@
 """ProgressiveResizing(mode="pipeline"): the size reaches the dataset's transforms inside DataLoader workers."""
 
 import os
+import random
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 import torchvision.transforms.v2 as T
 from lightning.pytorch import LightningModule, seed_everything
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import Tensor
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset, Subset, get_worker_info, random_split
 from torchvision.datasets import FakeData
 
 from lightning_speedups import ProgressiveResizing, ScheduledResize, SpeedupDataModule
@@ -112,6 +114,28 @@ def test_exact_under_accumulation_and_limited_batches():
     assert len({size for _, size, _, _ in model.steps}) >= 4
 
 
+@pytest.mark.parametrize("split", ["subset", "random_split"])
+def test_subsets_and_splits_of_the_dataset_work(split):
+    """`Subset` (what `random_split` returns) fetches batches through `__getitems__`; each planned index must
+    still load under its plan."""
+
+    class Split(PipelineData):
+        def setup(self, stage):
+            super().setup(stage)
+            full = self.train_dataset
+            if split == "subset":
+                self.train_dataset = Subset(full, list(range(0, 64, 2)))
+            else:
+                self.train_dataset, _ = random_split(full, [32, 32], generator=torch.Generator().manual_seed(0))
+
+    model = PipelineRecorder()
+    cb = ProgressiveResizing(0.5, 0.5, 0.0, mode="pipeline", validation="full")
+    trainer(callbacks=[cb], max_epochs=2).fit(model, datamodule=Split(num_workers=1))
+    assert len(model.steps) == 8
+    assert all(size == on_device for _, size, on_device, _ in model.steps)
+    assert [size for _, size, _, _ in model.steps][:4] == [(8, 8)] * 4
+
+
 def test_factory_transforms_work_on_pil_images():
     sizes = []
 
@@ -169,6 +193,31 @@ def test_recalibration_loads_full_size_samples():
     assert {s[1] for s in model.steps} == {(8, 8)}
 
 
+def test_recalibration_leaves_the_global_random_generators_alone():
+    """Loading calibration samples runs the dataset's random augmentations in the main process; the rest of the
+    run's randomness must not depend on whether validation recalibrated."""
+    states = []
+
+    class Record(Callback):
+        def on_validation_start(self, trainer, pl_module):
+            states.append((torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()))
+
+    class RandomFlip:  # draws from all three global generators, as augmentation code does
+        def __call__(self, x):
+            random.random(), np.random.rand()
+            return x.flip(-1) if torch.rand(()) < 0.5 else x
+
+    pipeline = T.Compose([RandomFlip(), ScheduledResize()])
+    cb = ProgressiveResizing(0.5, 1.0, 0.0, mode="pipeline", validation="recalibrate", calibration_batches=2)
+    model = PipelineRecorder()
+    trainer(callbacks=[Record(), cb, Record()], max_epochs=1).fit(
+        model, datamodule=PipelineData(transform=pipeline, num_workers=1)
+    )
+    assert cb.recalibrations == 1
+    (torch_before, py_before, np_before), (torch_after, py_after, np_after) = states
+    assert torch.equal(torch_before, torch_after) and py_before == py_after and (np_before == np_after).all()
+
+
 def test_a_pipeline_without_the_transform_fails_clearly():
     dm = PipelineData(transform=None, num_workers=1)
     with pytest.raises(RuntimeError, match=r"never asked for the current size.*ScheduledResize"):
@@ -180,6 +229,12 @@ def test_wrappers_directly():
     wrapped = ResolutionDataset(base)
     assert wrapped[PlannedIndex(0, ResizePlan(scale=0.5))][0].shape == (1, 8, 8)
     assert wrapped[0][0].shape == (1, 16, 16) and wrapped.y is base.y  # plain indices, attributes pass through
+    assert [s[0].shape for s in wrapped.__getitems__([PlannedIndex(1, ResizePlan(scale=0.5)), 2])] == [
+        (1, 8, 8),
+        (1, 16, 16),
+    ]
+    base.__marker__ = True
+    assert not hasattr(wrapped, "__marker__")  # special names are the wrapper's own, never the wrapped dataset's
     assert current_resize_plan() is None  # the plan is current only while a sample loads
     plans = []
 

@@ -255,6 +255,52 @@ def test_recalibrated_statistics_equal_a_hand_recalibration():
     torch.testing.assert_close(val_var, net.bn.running_var)
 
 
+class BeforeValidation(Callback):
+    """Listed before ProgressiveResizing: the BatchNorm statistics as training left them."""
+
+    def __init__(self) -> None:
+        self.means: list[Tensor] = []
+
+    def on_validation_start(self, trainer, pl_module):
+        self.means.append(pl_module.net.bn.running_mean.clone())
+
+
+def test_a_validation_that_raises_leaves_the_training_statistics():
+    class FailsInValidation(SizeRecorder):
+        def validation_step(self, batch, batch_idx):
+            raise ArithmeticError("user bug in validation")
+
+    before, probe = BeforeValidation(), StatsProbe()
+    model = FailsInValidation()
+    cb = ProgressiveResizing(0.5, 1.0, 0.0, validation="recalibrate", calibration_batches=2)
+    with pytest.raises(ArithmeticError, match="user bug"):
+        trainer(callbacks=[before, cb, probe], max_epochs=1).fit(model, *loaders("list", n=64, size=SIZE))
+    assert cb.recalibrations == 1 and not torch.allclose(probe.during[0][0], before.means[0])  # recalibrated
+    assert torch.equal(model.net.bn.running_mean, before.means[0]) and model.net.bn.momentum == 0.1
+    assert not cb._cache
+
+
+def test_a_checkpoint_taken_during_validation_stores_the_training_statistics(tmp_path):
+    path = tmp_path / "during-validation.ckpt"
+    seen: list[Tensor] = []
+
+    class SaveDuringValidation(Callback):  # after ProgressiveResizing: the model holds the recalibrated statistics
+        def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            if batch_idx == 0:
+                seen.append(pl_module.net.bn.running_mean.clone())
+                trainer.save_checkpoint(path)
+
+    before = BeforeValidation()
+    cb = ProgressiveResizing(0.5, 1.0, 0.0, validation="recalibrate", calibration_batches=2)
+    trainer(callbacks=[before, cb, SaveDuringValidation()], max_epochs=1).fit(
+        SizeRecorder(), *loaders("list", n=64, size=SIZE)
+    )
+    assert cb.recalibrations == 1 and not torch.allclose(seen[0], before.means[0])  # validation saw other stats
+    state = torch.load(path, weights_only=False)["state_dict"]
+    assert torch.equal(state["net.bn.running_mean"], before.means[0])  # but the checkpoint keeps the model's own
+    assert state["net.bn.running_mean"] is not seen[0]
+
+
 def test_recalibration_errors_clearly_and_takes_a_custom_forward():
     class DictForward(SizeRecorder):
         def forward(self, batch):

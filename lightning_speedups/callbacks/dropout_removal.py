@@ -19,10 +19,12 @@ class DropoutRemoval(SpeedupCallback):
 
     Switched off: ``nn.Dropout``, ``nn.Dropout1d/2d/3d``, ``nn.AlphaDropout``, ``nn.FeatureAlphaDropout``, the
     attention dropout of ``nn.MultiheadAttention`` (so all the dropouts of ``nn.Transformer*Layer``), the
-    inter-layer dropout of ``nn.RNN/LSTM/GRU``, ``torchvision.ops.StochasticDepth``, timm-style ``DropPath``
-    and ``DropBlock2d`` (a float ``drop_prob``), and float ``dropout``/``attention_dropout``/``dropout_p``
-    attributes (see :mod:`lightning_speedups.functional.dropout`). Each probability is set to 0 in place; the
-    original values come back at the end of ``fit`` (``teardown``), so a later ``fit`` starts as the first did.
+    inter-layer dropout of ``nn.RNN/LSTM/GRU``, ``torchvision.ops`` ``StochasticDepth``, ``DropBlock2d`` and
+    ``DropBlock3d``, timm-style ``DropPath`` and ``DropBlock2d`` (a float ``drop_prob``), timm models' head
+    dropout (``drop_rate``), and float ``dropout``/``attention_dropout``/``dropout_p``/``activation_dropout``/
+    ``hidden_dropout``/``layerdrop`` attributes (see :mod:`lightning_speedups.functional.dropout`). Each
+    probability is set to 0 in place; the original values come back at the end of ``fit`` (``teardown``), so
+    a later ``fit`` starts as the first did.
 
     Progress is the trainer's own (restored on resume), so a run resumed after ``start`` has dropout off from
     its first step, and one resumed before ``start`` keeps dropout until ``start``.

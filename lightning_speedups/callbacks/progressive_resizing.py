@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
@@ -44,6 +47,18 @@ if TYPE_CHECKING:
 _MODES = ("resize", "crop", "pipeline")
 _VALIDATION = ("auto", "train_size", "recalibrate", "full")
 _DEFAULT_SCHEDULE = {"initial_scale": 0.5, "delay_fraction": 0.5, "finetune_fraction": 0.2}
+
+
+@contextlib.contextmanager
+def _global_rng_kept() -> Iterator[None]:
+    """Run a block without moving Python's, NumPy's or torch's (CPU and CUDA) global random generators."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []):
+            yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
 
 
 def _integer(name: str, value: Any, minimum: int) -> int:
@@ -479,19 +494,36 @@ class ProgressiveResizing(SpeedupCallback):
         n = len(base)
         rng = self.rng(trainer)
         inputs = []
-        for _ in range(self.calibration_batches):
-            indices = rng.choice(n, size=min(n, loader.batch_size or 1), replace=False)
-            batch = loader.collate_fn([base[int(i)] for i in indices])  # plain indices: full size
-            batch = trainer.precision_plugin.convert_input(batch)
-            batch = pl_module._on_before_batch_transfer(batch, dataloader_idx=0)
-            batch = trainer.strategy.batch_to_device(batch, dataloader_idx=0)
-            inputs.append(self.fields.get_input(batch))
+        # The dataset's random augmentations draw from the main process's global generators here; leave them
+        # as they were, so that recalibrating does not change the rest of the run's randomness.
+        with _global_rng_kept():
+            for _ in range(self.calibration_batches):
+                indices = rng.choice(n, size=min(n, loader.batch_size or 1), replace=False)
+                batch = loader.collate_fn([base[int(i)] for i in indices])  # plain indices: full size
+                batch = trainer.precision_plugin.convert_input(batch)
+                batch = pl_module._on_before_batch_transfer(batch, dataloader_idx=0)
+                batch = trainer.strategy.batch_to_device(batch, dataloader_idx=0)
+                inputs.append(self.fields.get_input(batch))
         return inputs
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._restore()
         if self._val_size is not None and self.log_knobs and trainer.loggers and not trainer.sanity_checking:
             self.log_now(trainer)  # the metrics just logged were taken at this size
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._restore()  # a validation that raised must not leave the full-size statistics in the model
+        self._cache.clear()
+        super().on_exception(trainer, pl_module, exception)
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # A checkpoint taken while validation runs on recalibrated statistics stores the training statistics,
+        # which are the model's own: the recalibrated ones are a temporary view for this validation only.
+        state = checkpoint.get("state_dict")
+        if self._snapshot is not None and isinstance(state, dict):
+            state.update((k, v) for k, v in self._snapshot.state_dict_entries(pl_module).items() if k in state)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._restore()

@@ -48,6 +48,22 @@ class BatchNormSnapshot:
                 bn.momentum = self.momenta[i]
 
 
+    def state_dict_entries(self, model: nn.Module) -> dict[str, Tensor]:
+        """The saved buffers under their ``model.state_dict()`` keys (for a checkpoint taken meanwhile)."""
+        names = {id(m): name for name, m in model.named_modules()}
+        entries: dict[str, Tensor] = {}
+        for i, bn in enumerate(self.layers):
+            name = names.get(id(bn))
+            if name is None:
+                continue
+            prefix = f"{name}." if name else ""
+            entries[prefix + "running_mean"] = self.means[i].clone()
+            entries[prefix + "running_var"] = self.variances[i].clone()
+            if self.counts[i] is not None:
+                entries[prefix + "num_batches_tracked"] = self.counts[i].clone()  # type: ignore[union-attr]
+        return entries
+
+
 def snapshot_batchnorm(model: nn.Module) -> BatchNormSnapshot:
     """Save the running statistics of every BatchNorm layer of ``model``."""
     layers = batchnorm_layers(model)

@@ -5,11 +5,13 @@ treats as "return the input unchanged"; no module is replaced, so the model's st
 and any reference to its modules stay as they were):
 
 * ``nn.Dropout``, ``nn.Dropout1d/2d/3d``, ``nn.AlphaDropout``, ``nn.FeatureAlphaDropout``: attribute ``p``;
-* ``torchvision.ops.StochasticDepth``: attribute ``p``;
+* ``torchvision.ops.StochasticDepth``, ``DropBlock2d`` and ``DropBlock3d``: attribute ``p``;
 * timm-style ``DropPath`` and ``DropBlock2d`` (any module with a float ``drop_prob``): ``drop_prob``;
 * the attention dropout of ``nn.MultiheadAttention`` (hence of ``nn.Transformer*Layer``, whose other dropouts
   are ``nn.Dropout`` modules), the inter-layer dropout of ``nn.RNN/LSTM/GRU``, and any module with a float
-  attribute named ``dropout``, ``attention_dropout`` or ``dropout_p`` (a common pattern in attention code).
+  attribute named in :data:`FLOAT_ATTRIBUTES`: ``dropout``, ``attention_dropout``, ``dropout_p`` (attention
+  code), ``drop_rate`` (timm models' head dropout, applied with ``F.dropout(x, self.drop_rate)``),
+  ``activation_dropout``, ``hidden_dropout`` and ``layerdrop`` (Hugging Face-style layers).
 
 Dropout applied with a literal probability inside a ``forward`` (``F.dropout(x, 0.1)``) is invisible from
 outside the code and is not found.
@@ -23,7 +25,15 @@ from torch import nn
 from torch.nn.modules.dropout import _DropoutNd
 
 #: float attributes that hold a dropout probability in attention and recurrent modules.
-FLOAT_ATTRIBUTES = ("dropout", "attention_dropout", "dropout_p")
+FLOAT_ATTRIBUTES = (
+    "dropout",
+    "attention_dropout",
+    "dropout_p",
+    "drop_rate",
+    "activation_dropout",
+    "hidden_dropout",
+    "layerdrop",
+)
 
 
 @dataclass(frozen=True)
@@ -40,16 +50,17 @@ def _is_probability(value: object) -> bool:
     return isinstance(value, float | int) and not isinstance(value, bool) and 0.0 <= float(value) <= 1.0
 
 
-def _stochastic_depth_type() -> type | None:
+def _p_types() -> tuple[type, ...]:
+    """Module classes whose attribute ``p`` is a drop probability."""
     try:
-        from torchvision.ops import StochasticDepth
+        from torchvision.ops import DropBlock2d, DropBlock3d, StochasticDepth
     except ImportError:  # pragma: no cover - torchvision is a dependency, but keep this usable without it
-        return None
-    return StochasticDepth
+        return (_DropoutNd,)
+    return (_DropoutNd, StochasticDepth, DropBlock2d, DropBlock3d)
 
 
-def _attribute(module: nn.Module, stochastic_depth: type | None) -> list[str]:
-    if isinstance(module, _DropoutNd) or (stochastic_depth is not None and isinstance(module, stochastic_depth)):
+def _attribute(module: nn.Module, p_types: tuple[type, ...]) -> list[str]:
+    if isinstance(module, p_types):
         return ["p"]
     found = []
     if isinstance(getattr(module, "drop_prob", None), float):
@@ -70,10 +81,10 @@ def find_dropout(model: nn.Module) -> list[DropoutSite]:
         >>> [(s.name, s.attribute) for s in find_dropout(layer)]
         [('self_attn', 'dropout'), ('dropout', 'p'), ('dropout1', 'p'), ('dropout2', 'p')]
     """
-    stochastic_depth = _stochastic_depth_type()
+    p_types = _p_types()
     sites = []
     for name, module in model.named_modules():
-        for attribute in _attribute(module, stochastic_depth):
+        for attribute in _attribute(module, p_types):
             sites.append(DropoutSite(name, type(module).__name__, attribute, float(getattr(module, attribute))))
     return sites
 

@@ -124,22 +124,25 @@ def scaled_size(size: Size, scale: float, size_increment: int = 4) -> Size:
 def resolution_size(size: Size, resolution: int, size_increment: int = 4) -> Size:
     """The size whose shorter side is ``resolution`` (the longer one scaled alike), as ``Resize(int)`` does.
 
-    The longer side is rounded to a multiple of ``size_increment``. ``resolution`` may exceed the shorter
-    side (the images are then upsampled).
+    The longer side is rounded to a multiple of ``size_increment``; a square stays square, and ``resolution``
+    equal to the shorter side gives the image's own size (so a crop of that size always fits). ``resolution``
+    may exceed the shorter side (the images are then upsampled).
 
     Example::
 
-        >>> resolution_size((256, 256), 160), resolution_size((240, 320), 160, 8)
-        ((160, 160), (160, 216))
+        >>> resolution_size((256, 256), 160), resolution_size((240, 320), 160, 8), resolution_size((30, 30), 30)
+        ((160, 160), (160, 216), (30, 30))
     """
     if resolution < 1:
         raise ValueError(f"`resolution` must be >= 1, got {resolution!r}.")
-    h, w = size
-    if h <= w:
-        long_side = max(size_increment, round(w * resolution / h / size_increment) * size_increment)
-        return int(resolution), int(long_side)
-    long_side = max(size_increment, round(h * resolution / w / size_increment) * size_increment)
-    return int(long_side), int(resolution)
+    h, w = int(size[0]), int(size[1])
+    short, long = min(h, w), max(h, w)
+    if h == w:
+        return int(resolution), int(resolution)
+    if resolution == short:
+        return h, w
+    long_side = max(size_increment, round(long * resolution / short / size_increment) * size_increment)
+    return (int(resolution), int(long_side)) if h <= w else (int(long_side), int(resolution))
 
 
 @dataclass(frozen=True)
