@@ -236,6 +236,11 @@ def _check(cfg: CompareConfig) -> None:
         raise CompareError(f"--max-epochs must be >= 1, got {cfg.max_epochs}.")
     if cfg.devices < 1:
         raise CompareError(f"--devices must be >= 1, got {cfg.devices}.")
+    if any(word in cfg.metric.lower() for word in ("loss", "error", "perplexity")):
+        raise CompareError(
+            f"--metric {cfg.metric!r} looks like a lower-is-better metric; compare reads the metric as higher "
+            "is better (an accuracy: the target is reached at or above it). Log an accuracy and name it."
+        )
 
 
 # ------------------------------------------------------------------------------------------ running

@@ -14,6 +14,9 @@ name, appended to whatever callbacks the command line or config gives::
     # shell
     python train.py fit --preset vision-mild --trainer.max_epochs 30
 
+The preset also brings its recommended precision (``bf16-mixed`` on GPUs with native bf16) and strategy (DDP on
+several devices), unless ``--trainer.precision`` or ``--trainer.strategy`` choose otherwise.
+
 The shipped YAML configs (``lightning-speedups presets NAME --config``) do the same for a plain LightningCLI:
 ``python train.py fit --config vision-mild.yaml``.
 """
@@ -62,4 +65,10 @@ class SpeedupCLI(LightningCLI):
             kwargs["callbacks"] = [*existing, *recipe.callbacks]
             for key, value in presets.lookup(name).trainer.items():
                 kwargs.setdefault(key, value)
+            # the recommended precision and strategy, as `presets.get(name).trainer()` gives them, unless the
+            # command line or config chose one (the Trainer's defaults, None and "auto", mean "not chosen")
+            if trainer_cfg.get("precision") is None:
+                kwargs.setdefault("precision", recipe.trainer_kwargs["precision"])
+            if trainer_cfg.get("strategy", "auto") == "auto":
+                kwargs.setdefault("strategy", recipe.trainer_kwargs["strategy"])
         return super().instantiate_trainer(**kwargs)

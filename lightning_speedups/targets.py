@@ -4,7 +4,9 @@ MixUp, CutMix and LabelSmoothing turn class indices into class probabilities ``(
 (``nn.CrossEntropyLoss`` and ``F.cross_entropy``) takes those unchanged, so a user's ``training_step`` keeps
 working. Some set-ups cannot take them, and we say so at fit start rather than crash mid-run:
 
-* ``nn.NLLLoss`` (and other losses that need integer labels);
+* ``nn.NLLLoss`` (and other losses that need integer labels) held as a module attribute; a loss called as a
+  function inside ``training_step`` (``F.nll_loss(logits, y)``) cannot be seen from outside, and torch rejects
+  the float targets at the first training step with its own message;
 * ``nn.CrossEntropyLoss(ignore_index=k)`` with ``k >= 0``: torch refuses ``ignore_index`` with soft targets;
 * training metrics that need hard labels: use :func:`hard_labels` on the target, or keep the original
   labels with ``hard_target_key=`` on a dict batch.
@@ -265,6 +267,13 @@ class TargetTransformCallback(SpeedupCallback):
         t = target.detach().float()
         if t.numel() and (bool((t < 0).any()) or bool((t > 1).any())):
             raise ValueError(f"{who}: probability targets must lie in [0, 1]; these do not (logits?).")
+        sums = t.sum(1)
+        if sums.numel() and not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
+            self.warn(
+                f"the float targets' rows sum to {float(sums.min()):.3g}..{float(sums.max()):.3g}, not 1: they are "
+                "mixed (and smoothed) as given, per class, which suits multi-label targets with a "
+                "binary cross entropy; cross entropy over classes expects rows that sum to 1."
+            )
         if self.num_classes is None:
             self.num_classes = int(target.shape[1])
 

@@ -164,6 +164,7 @@ def test_the_equal_budget_run_is_validated_at_its_last_step_even_mid_epoch():
         (["--model", "nocolon", "--datamodule", "x"], "is not an import path"),
         (["--target", "1.5"], r"--target must be in \(0, 1\]"),
         (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--metric", "val_loss"], "looks like a lower-is-better metric"),
         (["--preset", "baseline", "--callback", "MixUp"], "not both"),
         (["--callback", "MixUpp"], "No callback class named 'MixUpp'"),
         (["--preset", "baseline"], "compare the baseline with itself"),

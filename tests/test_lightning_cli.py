@@ -63,6 +63,14 @@ def test_preset_by_name_appends_its_callbacks_to_the_command_lines():
     assert ours == [DropoutRemoval, ProgressiveResizing, LabelSmoothing, MixUp, LinearScalingWarmup]
 
 
+def test_preset_brings_its_recommended_precision_unless_the_command_line_chose(monkeypatch):
+    # as on a GPU with native bf16 (bf16-mixed also runs on CPU, so the Trainer can be built here)
+    monkeypatch.setattr(presets, "recommended_precision", lambda accelerator="auto": "bf16-mixed")
+    assert cli(["--preset=vision-mild"], cls=SpeedupCLI).trainer.precision == "bf16-mixed"
+    assert cli(["--preset=vision-mild", "--trainer.precision=32-true"], cls=SpeedupCLI).trainer.precision == "32-true"
+    assert cli([], cls=SpeedupCLI).trainer.precision == "32-true"  # no preset: the Trainer's default
+
+
 def test_unknown_preset_is_a_parser_error_naming_the_closest(capsys):
     with pytest.raises(SystemExit):
         cli(["--preset=vision-mid"], cls=SpeedupCLI)

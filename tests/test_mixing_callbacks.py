@@ -1,5 +1,6 @@
 """MixUp, CutMix and LabelSmoothing in real `Trainer.fit` runs on CPU, and their errors."""
 
+import warnings
 from typing import Any
 
 import pytest
@@ -8,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_speedups import CutMix, LabelSmoothing, MixUp, hard_labels
+from lightning_speedups import CutMix, LabelSmoothing, MixUp, SpeedupWarning, hard_labels
 from tests.helpers import NUM_CLASSES, RecordingModule, image_tensors, loaders, trainer, unpack
 
 C = NUM_CLASSES
@@ -238,6 +239,21 @@ def test_targets_neither_indices_nor_probabilities():
     fit_expecting([LabelSmoothing()], r"must lie in \[0, 1\]", train=logits)
     ignored = DataLoader(TensorDataset(x, torch.full((32,), -100)), batch_size=16)
     fit_expecting([MixUp()], "ignore_index", train=ignored)
+
+
+def test_float_targets_whose_rows_do_not_sum_to_one_are_flagged():
+    x, y = image_tensors(32)
+    multi_hot = F.one_hot(y, C).float()
+    multi_hot[:, 0] = 1.0  # a second active class in most rows: multi-label, not a distribution
+    with pytest.warns(SpeedupWarning, match=r"rows sum to 1\.\.2, not 1"):
+        trainer(callbacks=[MixUp()], max_epochs=1).fit(
+            RecordingModule(), DataLoader(TensorDataset(x, multi_hot), batch_size=16)
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)  # probabilities: no warning
+        trainer(callbacks=[MixUp()], max_epochs=1).fit(
+            RecordingModule(), DataLoader(TensorDataset(x, F.one_hot(y, C).float()), batch_size=16)
+        )
 
 
 def test_batch_without_the_named_key():
