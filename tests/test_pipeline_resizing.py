@@ -189,7 +189,8 @@ def test_recalibration_loads_full_size_samples():
     )
     model = PipelineRecorder()
     trainer(callbacks=[cb], max_epochs=1).fit(model, datamodule=PipelineData(num_workers=1))
-    assert cb.recalibrations == 1 and shapes == [(8, 1, 16, 16)] * 3
+    # first the check before the first step (two images of that batch), then three full-size batches
+    assert cb.recalibrations == 1 and shapes == [(2, 1, 8, 8)] + [(8, 1, 16, 16)] * 3
     assert {s[1] for s in model.steps} == {(8, 8)}
 
 

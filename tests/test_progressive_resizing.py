@@ -314,8 +314,12 @@ def test_recalibration_errors_clearly_and_takes_a_custom_forward():
             pass
 
     cb = ProgressiveResizing(0.5, 1.0, 0.0, validation="recalibrate")
-    with pytest.raises(RuntimeError, match=r"could not run the model on full-size images.*calibration_forward"):
-        trainer(callbacks=[cb], max_epochs=1).fit(DictForward(), *loaders("list", size=SIZE))
+    model = DictForward()
+    before = [p.detach().clone() for p in model.parameters()]
+    t = trainer(callbacks=[cb], max_epochs=1)
+    with pytest.raises(RuntimeError, match=r"calling `pl_module\(images\)`, which fails.*calibration_forward"):
+        t.fit(model, *loaders("list", size=SIZE))
+    assert t.global_step == 0 and all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     cb = ProgressiveResizing(
         0.5, 1.0, 0.0, validation="recalibrate", calibration_forward=lambda module, images: module({"x": images})
     )

@@ -7,7 +7,7 @@ from lightning.pytorch.callbacks import Callback
 
 from lightning_speedups import ProgressiveResizing
 from lightning_speedups.demo import DigitsDataModule, ImageClassifier
-from lightning_speedups.functional import resize_images
+from lightning_speedups.functional import resize_batch, resize_images
 from tests.helpers import trainer
 
 
@@ -47,3 +47,33 @@ def test_mid_run_validation_tracks_the_model_at_its_training_size():
     assert learned, reference.rows
     assert all(row["full_size"] < row["train_size"] - 0.3 for row in learned), reference.rows
     assert reference.rows[-1]["scale"] == 1.0 and reference.rows[-1]["logged"] > 0.8  # full size at the end
+
+
+class CropReference(Reference):
+    """In crop mode the training size is a random window: the model's accuracy on such windows (a fixed draw)."""
+
+    def on_validation_start(self, trainer, pl_module):
+        x, y = trainer.datamodule.val_dataset.tensors
+        plan = self.callback._plan
+        size = plan.size_for(tuple(x.shape[-2:]))
+        windows, _ = resize_batch(x, size, "crop", generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            at_train_size = (pl_module(windows).argmax(1) == y).float().mean().item()
+            at_full_size = (pl_module(x).argmax(1) == y).float().mean().item()
+        self.rows.append({"side": size[0], "train_size": at_train_size, "full_size": at_full_size})
+
+
+def test_crop_mode_default_recalibrates_and_validation_tracks_training():
+    seed_everything(0)
+    callback = ProgressiveResizing(initial_scale=0.5, delay_fraction=0.4, finetune_fraction=0.2, mode="crop")
+    assert callback.val_remedy == "recalibrate"  # the default in crop mode: full size, BatchNorm re-estimated
+    reference = CropReference(callback)
+    t = trainer(callbacks=[reference, callback], max_epochs=4, val_check_interval=0.5)
+    t.fit(ImageClassifier(widths=(8, 16, 32)), DigitsDataModule(size=16))
+    mid_run = [row for row in reference.rows if row["side"] < 16]  # trained on windows smaller than the image
+    assert len(mid_run) >= 4 and callback.recalibrations == len(mid_run)
+    for row in mid_run:  # never below the model's own accuracy on its training windows (less a few points)
+        assert row["logged"] >= row["train_size"] - 0.03, row
+    # and well above full-size validation on the training statistics, which the remedy replaces
+    gains = sorted(row["logged"] - row["full_size"] for row in mid_run)
+    assert gains[len(gains) // 2] > 0.1, reference.rows

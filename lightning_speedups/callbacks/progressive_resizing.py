@@ -284,6 +284,8 @@ class ProgressiveResizing(SpeedupCallback):
         target = self.fields.get_target(batch) if self.resize_targets else None
         if not self._checked:
             self._check_batch(x, target)
+            if self.val_remedy == "recalibrate" and self._has_bn:
+                self._check_calibration_forward(pl_module, x)
             self._checked = True
         progress = self.progress(trainer)
         plan = self.plan_at(progress, trainer.current_epoch)
@@ -479,6 +481,23 @@ class ProgressiveResizing(SpeedupCallback):
         if trainer.world_size > 1:
             pool_batchnorm_statistics(pl_module, lambda t: trainer.strategy.reduce(t, reduce_op="mean"))
         self.recalibrations += 1
+
+    def _check_calibration_forward(self, pl_module: pl.LightningModule, x: Tensor) -> None:
+        """Before the first step, run the calibration forward once on two images (eval mode, no gradient), so
+        that a model it cannot call fails now, not at the first validation after an epoch of training."""
+        was_training = pl_module.training
+        pl_module.eval()  # BatchNorm statistics untouched
+        try:
+            with torch.no_grad(), _global_rng_kept():
+                self._forward(pl_module, x[:2])
+        except Exception as err:
+            raise RuntimeError(
+                f"ProgressiveResizing(validation='recalibrate') re-estimates BatchNorm before each validation by "
+                f"calling `pl_module(images)`, which fails on this model ({type(err).__name__}: {err}). Pass "
+                "`calibration_forward=lambda module, images: ...`, or validation='train_size' or 'full'."
+            ) from err
+        finally:
+            pl_module.train(was_training)
 
     def _forward(self, module: Any, images: Tensor) -> Any:
         if self.calibration_forward is not None:
