@@ -109,7 +109,7 @@ class SamplingPlan:
                 f"{source} orders {order.shape[0] if order.ndim else 0} samples but the training dataset has "
                 f"{self.num_samples}."
             )
-        dtype = np.int64 if self.num_samples >= 2**31 else np.int32
+        dtype = fs.index_dtype(self.num_samples - 1)  # the order holds sample indices
         self.curriculum = CurriculumPart(order.astype(dtype, copy=False), pacing, int(seed), source)
         self.sources.append(source)
 

@@ -45,6 +45,26 @@ def test_label_formats_agree():
     np.testing.assert_allclose(r, [1.0, 2.0, 1.0, 1.0])
 
 
+def test_an_integer_column_is_class_ids_and_a_boolean_or_float_column_is_one_class_multi_hot():
+    import torch
+
+    ids = np.array([0, 0, 0, 0, 0, 0, 1, 1])  # binary class ids: f(0) = 6/8, f(1) = 2/8
+    expected = fs.repeat_factors(ids, threshold=1.0)
+    np.testing.assert_allclose(expected, [math.sqrt(8 / 6)] * 6 + [2.0] * 2)  # both classes are repeated
+    for column in (ids[:, None], ids[:, None].astype(np.uint8), torch.from_numpy(ids).unsqueeze(1)):
+        np.testing.assert_allclose(fs.repeat_factors(column, threshold=1.0), expected)
+    samples, classes, n = fs.label_sets(ids[:, None])
+    assert samples.tolist() == list(range(8)) and classes.tolist() == ids.tolist() and n == 8
+    # a column of more than two classes was refused as "not 0/1 multi-hot"
+    many = np.array([0, 0, 0, 1, 2, 0, 1, 0])
+    np.testing.assert_allclose(fs.repeat_factors(many[:, None], 0.5), fs.repeat_factors(many, 0.5))
+    # booleans and floats stay multi-hot: one class, present or not (no labels -> factor 1, f = 2/8)
+    for column in (ids[:, None].astype(bool), ids[:, None].astype(np.float32)):
+        samples, classes, n = fs.label_sets(column)
+        assert samples.tolist() == [6, 7] and classes.tolist() == [0, 0] and n == 8
+        np.testing.assert_allclose(fs.repeat_factors(column, threshold=1.0), [1.0] * 6 + [2.0] * 2)
+
+
 @pytest.mark.parametrize(
     ("labels", "match"),
     [
@@ -53,6 +73,7 @@ def test_label_formats_agree():
         (np.array([0.5, 1.0]), "must be integers"),
         ([[0], ["cat"]], "must be integers"),
         (np.array([[0, 2], [1, 1]]), "multi-hot"),
+        (np.array([[0.0], [2.0]]), r"multi-hot.*integer column \(N, 1\) of class ids"),
         ([], "empty"),
     ],
 )
@@ -287,3 +308,27 @@ def test_repeat_factor_epochs_have_the_fixed_length_and_the_rounded_counts(n, se
         assert np.all(drawn <= counts)
     else:  # padded: at least its count
         assert np.all(drawn >= counts)
+
+
+# ---------------------------------------------------------------------------------------------- index dtypes
+
+
+def test_index_dtype_is_chosen_from_the_largest_index():
+    assert fs.index_dtype(0) is np.int32 and fs.index_dtype(2**31 - 1) is np.int32
+    assert fs.index_dtype(2**31) is np.int64 and fs.index_dtype(5 * 10**9) is np.int64
+
+
+@pytest.mark.parametrize("min_count", [1, 0], ids=["every-sample", "some-dropped"])
+def test_repeated_entries_past_the_small_index_range_keep_their_sample(monkeypatch, min_count):
+    # At int32 this needs sum(counts) >= 2**31 entries while the dataset has fewer than 2**31 samples. The same
+    # code runs here with int8 as the "small" dtype: 100 samples fit it, the 300 positions of the multiset do not.
+    counts = np.random.default_rng(0).integers(min_count, 6, size=100)
+    counts[:3] = 5  # some positions past 127 for sure
+    size = int(counts.sum())
+    assert size > 127
+    reference = fs.shuffled_epoch(100, size, seed=4, epoch=1, counts=counts)  # int32 throughout
+    monkeypatch.setattr(fs, "_SMALL_INDEX", np.int8)
+    out = fs.shuffled_epoch(100, size, seed=4, epoch=1, counts=counts)
+    assert out.dtype == np.int8  # sample ids up to 99 fit the small dtype, as they should
+    np.testing.assert_array_equal(np.bincount(out, minlength=100), counts)  # each sample its count, none wrapped
+    np.testing.assert_array_equal(out, reference)  # the very same epoch as with int32

@@ -2,6 +2,7 @@
 
 import itertools
 import math
+from fractions import Fraction
 
 import pytest
 from hypothesis import given
@@ -83,6 +84,15 @@ def test_no_warmup_and_small_batches():
     # below the reference batch there is nothing to warm up to from the unscaled lr: scale at once
     assert [warmup_factor(t, 4, scale=0.5) for t in range(3)] == [0.5, 0.5, 0.5]
     assert warmup_factor(0, 4, scale=0.5, start="zero") == pytest.approx(0.1)
+
+
+def test_factor_at_a_fractional_update_interpolates_the_ramp():
+    # an epoch warmup whose updates per epoch changed is at a fractional update of its current length
+    assert warmup_factor(Fraction(3, 2), 4, scale=3.0) == pytest.approx(1.75)
+    assert warmup_factor(2.5, 4, scale=3.0, start="zero") == pytest.approx(3.0 * 3.5 / 5)
+    assert warmup_factor(Fraction(4), 4, scale=3.0) == 3.0
+    whole = [warmup_factor(t, 4, 3.0) for t in range(5)]
+    assert [warmup_factor(Fraction(t), 4, 3.0) for t in range(5)] == whole  # the same as counting updates
 
 
 @pytest.mark.parametrize(

@@ -172,8 +172,42 @@ def test_composed_repeat_factors_and_curriculum():
     # after half the run the pace is full: the epoch is exactly the repeat-factor epoch
     r = fs.repeat_factors(long_tail(80), threshold=0.1)
     assert seen[3] == fs.repeat_factor_epoch(r, seed=5, epoch=3).tolist()
-    # while paced, the rare class is still oversampled within the pool
-    assert sampler.plan.repeat is not None and sampler.plan.curriculum is not None
+    # that the rare classes are oversampled within the pool while paced: the next test
+
+
+def test_the_rare_classes_are_oversampled_within_the_curriculum_pool():
+    # 400 samples, t = 0.5: classes 1, 2, 3 (15%, 4%, 1%) get r = 1.8, 3.5, 7.1; the first half of the run is
+    # paced, about 1000 draws from pools of the 10% .. 100% easiest samples.
+    n, seed = 400, 5
+    seed_everything(seed)
+    rfs = RepeatFactorSampling(threshold=0.5)
+    cur = CurriculumOrdering("linear", start_fraction=0.1, full_at=0.5)
+    model, t = fit([rfs, cur], n=n, max_epochs=4, dm=IndexDM(n, batch_size=32))
+    plan, per_epoch = t.train_dataloader.sampler.plan, t.num_training_batches
+    rare = rfs.factors > 1
+    assert set(long_tail(n)[rare].tolist()) == {1, 2, 3}
+    # A paced draw picks one of the pool's entries of the epoch (its samples, each as often as the epoch's
+    # stochastically rounded repeat factor says), uniformly: a rare draw with probability p, independently.
+    drawn, p_weighted, p_uniform = 0, [], []
+    for k, (step, batch) in enumerate(zip(model.steps, model.seen, strict=True)):
+        pool = cur.order[: fs.pool_sizes([plan.pool_fraction(step)], n)[0]]
+        if len(pool) == n:
+            continue  # not paced
+        assert ranks(cur.order)[batch].max() < len(pool)  # drawn from the pool
+        drawn += int(rare[batch].sum())
+        counts = fs.repeat_factor_counts(rfs.factors, seed=seed, epoch=k // per_epoch)[pool]
+        p_weighted += [counts[rare[pool]].sum() / counts.sum()] * len(batch)
+        p_uniform += [rare[pool].mean()] * len(batch)  # what the pool would give without repeat factors
+    assert len(p_weighted) > 500
+
+    def expected_and_tolerance(p):  # mean and 4 standard deviations of a sum of independent Bernoulli draws
+        p = np.asarray(p)
+        return p.sum(), 4 * math.sqrt(float(np.sum(p * (1 - p))))
+
+    mean, tolerance = expected_and_tolerance(p_weighted)
+    assert abs(drawn - mean) <= tolerance, (drawn, mean, tolerance)
+    unweighted, tolerance_unweighted = expected_and_tolerance(p_uniform)
+    assert drawn > unweighted + tolerance_unweighted, (drawn, unweighted)  # more than the pool alone gives
 
 
 @pytest.mark.parametrize(
@@ -206,20 +240,29 @@ def resume_run(tmp_path, ckpt_path=None, save=False):
         CurriculumOrdering("linear", difficulty=LossScore(), start_fraction=0.1, full_at=0.8),
     ]
     if save:
-        callbacks.append(ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1))
+        # after every batch (`on_train_batch_end`), and at every epoch end (`on_train_epoch_end`)
+        callbacks.append(ModelCheckpoint(dirpath=tmp_path / "steps", every_n_train_steps=1, save_top_k=-1))
+        callbacks.append(ModelCheckpoint(dirpath=tmp_path / "epochs", every_n_epochs=1, save_top_k=-1))
     t = trainer(callbacks=callbacks, max_epochs=3, enable_checkpointing=save)
     t.fit(model, datamodule=IndexDM(80), ckpt_path=ckpt_path)
     return model
 
 
-@pytest.mark.parametrize("step", [11, 16], ids=["epoch-boundary", "mid-epoch"])
-def test_resume_draws_what_the_uninterrupted_run_draws(tmp_path, step):
+@pytest.mark.parametrize(
+    ("saved", "step"),
+    [("steps", 11), ("steps", 16), ("epochs", 11), ("epochs", 22)],
+    ids=["last-batch-of-epoch-0", "mid-epoch", "end-of-epoch-0", "end-of-epoch-1"],
+)
+def test_resume_draws_what_the_uninterrupted_run_draws(tmp_path, saved, step):
     full = resume_run(tmp_path, save=True)
     assert len(full.seen) == 33  # 84 samples / 8 = 11 batches per epoch
-    (ckpt,) = tmp_path.glob(f"*step={step}.ckpt")
+    (ckpt,) = (tmp_path / saved).glob(f"*step={step}.ckpt")
+    epochs_done = torch.load(ckpt, weights_only=False)["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"]
+    # an epoch-end checkpoint has finished its epoch; one saved after the epoch's last batch has not, quite
+    assert epochs_done == (step // 11 if saved == "epochs" else (step - 1) // 11)
     resumed = resume_run(tmp_path / "resumed", ckpt_path=str(ckpt))
     assert resumed.steps[0] == step
-    assert resumed.seen == full.seen[step:]
+    assert resumed.seen == full.seen[step:]  # from an epoch end: the next epoch's indices, batch for batch
     for a, b in zip(full.state_dict().values(), resumed.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 

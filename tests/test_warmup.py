@@ -4,6 +4,7 @@ the scheduler's value times the warmup factor, whatever the scheduler, and nothi
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import sys
 
@@ -189,6 +190,30 @@ def test_gradient_accumulation_scheduler_changes_the_scale_per_epoch():
     fit(module, [GradientAccumulationScheduler({0: 1, 1: 2}), cb], max_epochs=2)
     # epoch 0: 4 updates of 16 samples (x2); epoch 1: 2 updates of 32 samples (x4)
     assert module.used == pytest.approx([LR * 2] * 4 + [LR * 4] * 2)
+
+
+def test_an_epoch_warmup_follows_a_change_in_updates_per_epoch():
+    # 4 batches per epoch: epoch 0 takes 4 updates of 16 samples (k = 2), epochs 1 and 2 take 2 updates of 32
+    # samples (k = 4). A 2-epoch warmup must ramp over both epochs, whatever their number of updates.
+    module, warmup = WarmupModule("none"), 2
+    cb = LinearScalingWarmup(8, warmup=warmup, warmup_unit="epochs")
+    fit(module, [GradientAccumulationScheduler({0: 1, 1: 2}), cb], max_epochs=3)
+    epoch = [0] * 4 + [1] * 2 + [2] * 2  # the epoch of each update
+    per_epoch = {0: 4, 1: 2, 2: 2}  # updates in that epoch
+    scale = {0: 2.0, 1: 4.0, 2: 4.0}  # k in that epoch
+    factors = [lr / LR for lr in module.used]
+    assert len(factors) == len(epoch)
+    # k changes with the global batch, by design; the warmup's share of the way from 1 to k must not jump
+    done = [(f - 1) / (scale[e] - 1) for f, e in zip(factors, epoch, strict=True)]
+    assert all(b >= a for a, b in itertools.pairwise(factors))  # the factor never goes down
+    for t in range(1, len(done)):
+        share = 1 / (warmup * per_epoch[epoch[t - 1]])  # what the previous update adds to the warmup
+        assert 0 <= done[t] - done[t - 1] <= share + 1e-12
+    # the full factor is reached exactly after `warmup` epochs: not before (the audit saw it at epoch 1), not after
+    first_after = epoch.index(warmup)
+    assert max(done[:first_after]) < 1 and done[first_after:] == pytest.approx([1.0] * (len(done) - first_after))
+    assert done == pytest.approx([0, 1 / 8, 2 / 8, 3 / 8, 4 / 8, 6 / 8, 1, 1])
+    assert cb.updates == [8] and cb.warmup_progress == [1.0]
 
 
 def test_a_tensor_learning_rate_is_replaced_during_the_update_never_changed_in_place():
@@ -404,6 +429,33 @@ def test_a_run_resumed_mid_warmup_continues_the_same_sequence(tmp_path, amp):
     )
     done = 3 if amp else 5  # updates applied before the checkpoint
     assert resumed.used == pytest.approx(full.used[done:], rel=1e-12)
+    for a, b in zip(full.state_dict().values(), resumed.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+class ResumableAccumulationScheduler(GradientAccumulationScheduler):
+    """Lightning's scheduler sets its factor only in `on_train_epoch_start`, which Lightning (2.6) skips for the
+    epoch a checkpoint saved at a batch end resumes in: the resumed epoch would accumulate 1 batch, not 2."""
+
+    def on_train_start(self, trainer, pl_module):
+        super().on_train_start(trainer, pl_module)
+        self.on_train_epoch_start(trainer)
+
+
+@pytest.mark.parametrize("step", [4, 5], ids=["epoch-end", "mid-epoch"])
+def test_an_epoch_warmup_resumed_after_the_updates_per_epoch_changed_continues_the_same_sequence(tmp_path, step):
+    # 4 updates in epoch 0, then 2 per epoch; a 2-epoch warmup, so after step 5 the warmup is 4/8 + 1/4 = 3/4
+    # done, which `updates / updates-per-warmup-now` (5/4) would not give: the checkpoint must carry it.
+    def callbacks():
+        return [ResumableAccumulationScheduler({0: 1, 1: 2}), LinearScalingWarmup(8, warmup=2, warmup_unit="epochs")]
+
+    full = run_resumable(tmp_path, callbacks(), save_every=step)
+    assert len(full.used) == 8
+    ckpt_path = next(tmp_path.glob(f"epoch=*-step={step}.ckpt"))
+    state = torch.load(ckpt_path, weights_only=True)["callbacks"]["LinearScalingWarmup"]
+    assert state["updates"] == [step] and state["warmup_done"] == [pytest.approx(0.5 if step == 4 else 0.75)]
+    resumed = run_resumable(tmp_path / "resumed", callbacks(), ckpt_path=str(ckpt_path))
+    assert resumed.used == pytest.approx(full.used[step:], rel=1e-12)
     for a, b in zip(full.state_dict().values(), resumed.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
     from lightning_speedups.data import SpeedupDataModule
 
-#: Labels: one class id per sample, a list of class ids per sample, or a multi-hot matrix (N, C).
+#: Labels: one class id per sample (an (N, 1) integer column too), a list of class ids per sample, or a multi-hot
+#: matrix (N, C).
 Labels = Any
 
 
@@ -47,8 +48,9 @@ class RepeatFactorSampling(SpeedupCallback):
     Args:
         threshold: ``t`` of the rule, > 0; LVIS uses 0.001. Larger values repeat more classes, more often.
         labels: class labels per training sample: an array or sequence (one class id per sample, a list of
-            ids per sample, or a boolean multi-hot matrix ``(N, C)``), or a callable taking the training
-            dataset and returning them. ``None`` reads the datamodule's ``sample_labels()``.
+            ids per sample, or a multi-hot matrix ``(N, C)`` of booleans or 0/1; an ``(N, 1)`` integer array
+            is a column of class ids), or a callable taking the training dataset and returning them. ``None``
+            reads the datamodule's ``sample_labels()``.
         sqrt: ``r(c) = max(1, sqrt(t / f(c)))`` (the LVIS rule); ``False`` uses ``max(1, t / f(c))``.
         log_top_k: how many of the largest class factors to log (``class_factor/<class id>``).
         seed: seed of the rounding and shuffling; ``None`` takes the datamodule's seed (``PL_GLOBAL_SEED``,

@@ -42,6 +42,12 @@ class _Plan(NamedTuple):
     warmup_steps: int
 
 
+def _add_share(done: float, share: float) -> float:
+    """``done + share``, capped at 1; within 1e-9 of 1 counts as 1 (float sums of 1/n land a hair below)."""
+    done += share
+    return 1.0 if done > 1.0 - 1e-9 else done
+
+
 class LinearScalingWarmup(SpeedupCallback):
     """Multiply the learning rate by ``global batch / reference_batch_size``, reached by a linear warmup.
 
@@ -54,7 +60,10 @@ class LinearScalingWarmup(SpeedupCallback):
     scheduler's value is put back right after. So the scheduler, its ``state_dict`` and the learning rate
     saved in checkpoints are exactly what they would be without this callback, chainable schedulers do not
     compound the factor, and an update that the fp16 grad scaler skips neither sees nor advances the warmup.
-    The warmup counts each optimizer's real updates and stores the count in checkpoints.
+    The warmup counts each optimizer's real updates and stores the count in checkpoints. A warmup in epochs
+    advances each update by that update's share of it, ``1 / (warmup x updates per epoch at the time)``, so it
+    still ends after ``warmup`` epochs when the updates per epoch change mid-warmup (a
+    ``GradientAccumulationScheduler``, a reloaded loader with another batch size).
 
     The per-device batch size is read from the training ``DataLoader`` at every step, so a batch size chosen
     by Lightning's ``BatchSizeFinder`` (in either callback order), a reloaded loader, a
@@ -129,7 +138,10 @@ class LinearScalingWarmup(SpeedupCallback):
         self._optimizers: list[Optimizer] = []
         self._names: list[str] = []
         self._updates: list[int] | None = None
+        # share of the warmup done, per optimizer (floats: this runs at every step; see `_add_share`)
+        self._done: list[float] | None = None
         self._pending: dict[int, list[Any]] = {}
+        self._pending_share: dict[int, float] = {}
         self._plan: _Plan | None = None
         self._last_factor: float | None = None
         self._last_lrs: dict[int, list[Any]] = {}
@@ -150,11 +162,19 @@ class LinearScalingWarmup(SpeedupCallback):
         """Real (not skipped) updates taken by each optimizer so far: the warmup's clock."""
         return list(self._updates or [])
 
+    @property
+    def warmup_progress(self) -> list[float]:
+        """Share of the warmup each optimizer has done, in [0, 1] (1: the full factor is applied)."""
+        if self._updates is None or self._plan is None:
+            return []
+        return [float(self._share_done(i, self._plan)) for i in range(len(self._updates))]
+
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         if stage == "fit":
             self._updates = None  # a checkpoint's count, if any, is loaded after this
+            self._done = None
             self._plan = None
             self._initial_reference = None
             if self.reference_batch_size == "initial" and lightning_hasattr(pl_module, "batch_size"):
@@ -180,7 +200,14 @@ class LinearScalingWarmup(SpeedupCallback):
         if self._updates is None:
             # A fresh run (0), or a checkpoint saved without this callback: assume no update was skipped.
             self._updates = [int(trainer.global_step)] * count
+            self._done = None
         plan = self._refresh_plan(trainer)
+        if self._done is not None and len(self._done) != count:
+            self._done = None
+        if self._done is None:
+            # A fresh run, or a checkpoint saved before the warmup's share was stored: the updates so far at
+            # the current updates per epoch.
+            self._done = [self._share_from_updates(u, plan) for u in self._updates]
         self._check_length(trainer, plan)
         self._register(trainer)
 
@@ -208,6 +235,7 @@ class LinearScalingWarmup(SpeedupCallback):
         return {
             **super().state_dict(),
             "updates": list(self._updates) if self._updates is not None else None,
+            "warmup_done": list(self._done) if self._done is not None else None,
             "initial_reference": self._initial_reference,
         }
 
@@ -215,6 +243,10 @@ class LinearScalingWarmup(SpeedupCallback):
         super().load_state_dict(state_dict)
         updates = state_dict.get("updates")
         self._updates = [int(u) for u in updates] if updates is not None else None
+        done = state_dict.get("warmup_done")
+        self._done = [float(d) for d in done] if done is not None else None
+        if self._done is not None and (self._updates is None or len(self._done) != len(self._updates)):
+            self._done = None
         if state_dict.get("initial_reference") is not None:
             self._initial_reference = int(state_dict["initial_reference"])
 
@@ -242,8 +274,7 @@ class LinearScalingWarmup(SpeedupCallback):
             return
         self._restore(i)  # a previous update that raised left its learning rates scaled
         plan = self._refresh_plan(trainer)
-        assert self._updates is not None
-        factor = warmup_factor(self._updates[i], plan.warmup_steps, plan.scale, self.warmup_from)
+        factor, share = self._factor(i, plan)
         saved = []
         for j, group in enumerate(optimizer.param_groups):
             lr = group["lr"]
@@ -251,6 +282,7 @@ class LinearScalingWarmup(SpeedupCallback):
             if self._scales(i, j, group):
                 group["lr"] = lr * factor  # a new object: a tensor lr is replaced, never changed in place
         self._pending[i] = saved
+        self._pending_share[i] = share
         self._last_factor = factor
         # kept as they are (a tensor lr is read at logging time only: no device sync on every step)
         self._last_lrs[i] = [_snapshot(g["lr"]) for g in optimizer.param_groups]
@@ -259,9 +291,11 @@ class LinearScalingWarmup(SpeedupCallback):
         i = self._index(optimizer)
         if i is None or i not in self._pending:
             return
+        share = self._pending_share.pop(i, 0.0)
         self._restore(i)
-        assert self._updates is not None
+        assert self._updates is not None and self._done is not None
         self._updates[i] += 1
+        self._done[i] = _add_share(self._done[i], share)
 
     def _restore(self, i: int) -> None:
         saved = self._pending.pop(i, None)
@@ -272,6 +306,38 @@ class LinearScalingWarmup(SpeedupCallback):
     def _restore_all(self) -> None:
         for i in list(self._pending):
             self._restore(i)
+        self._pending_share.clear()
+
+    # ------------------------------------------------------------------ the warmup's clock
+    def _factor(self, i: int, plan: _Plan) -> tuple[float, float]:
+        """The factor of optimizer ``i``'s next update, and the share of the warmup that update does."""
+        assert self._updates is not None
+        if self.warmup_unit != "epochs":  # a warmup length that cannot change: count updates
+            return warmup_factor(self._updates[i], plan.warmup_steps, plan.scale, self.warmup_from), 0.0
+        if plan.warmup_steps == 0:
+            return plan.scale, 0.0
+        # Updates per epoch may have changed since the warmup began, so `updates / warmup_steps` would jump:
+        # the share done so far is the sum of each earlier update's share at its own updates per epoch.
+        # `warmup_factor` at the fractional update `done x warmup_steps` of the current length gives the
+        # same ramp as counting updates while the updates per epoch stay the same.
+        done = self._share_done(i, plan)
+        step = done * plan.warmup_steps
+        nearest = round(step)
+        if abs(step - nearest) < 1e-9:  # a whole update, up to float rounding: the same factor as counting
+            step = nearest
+        return warmup_factor(step, plan.warmup_steps, plan.scale, self.warmup_from), 1.0 / plan.warmup_steps
+
+    def _share_done(self, i: int, plan: _Plan) -> float:
+        assert self._updates is not None
+        if self.warmup_unit == "epochs" and self._done is not None and i < len(self._done):
+            return self._done[i]
+        return self._share_from_updates(self._updates[i], plan)
+
+    @staticmethod
+    def _share_from_updates(updates: int, plan: _Plan) -> float:
+        if plan.warmup_steps == 0:
+            return 1.0
+        return min(1.0, updates / plan.warmup_steps)
 
     def _index(self, optimizer: Optimizer) -> int | None:
         for i, opt in enumerate(self._optimizers):
@@ -288,8 +354,11 @@ class LinearScalingWarmup(SpeedupCallback):
         self._unregister()
         self._optimizers = list(trainer.optimizers)
         self._names = _optimizer_names(self._optimizers)
-        assert self._updates is not None
-        self._updates = (self._updates + [int(trainer.global_step)] * len(self._optimizers))[: len(self._optimizers)]
+        assert self._updates is not None and self._done is not None and self._plan is not None
+        count = len(self._optimizers)
+        start = int(trainer.global_step)
+        self._updates = (self._updates + [start] * count)[:count]
+        self._done = (self._done + [self._share_from_updates(start, self._plan)] * count)[:count]
         for opt in self._optimizers:
             self._handles.append(opt.register_step_pre_hook(self._pre_step))
             self._handles.append(opt.register_step_post_hook(self._post_step))

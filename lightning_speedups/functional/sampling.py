@@ -16,8 +16,11 @@ Lightning and no global random state:
   Weinshall 2019; Wu, Dyer & Neyshabur 2021), and epoch lists in which each position draws from the pool
   available at the step it will be trained at.
 
-Labels are one class id per sample (a 1-D integer array or list), a list of class ids per sample (multi-label;
-an empty list is a sample without labels), or a boolean multi-hot matrix ``(N, C)``.
+Labels are one class id per sample (a 1-D integer array or list, or an ``(N, 1)`` integer column), a list of
+class ids per sample (multi-label; an empty list is a sample without labels), or a multi-hot matrix ``(N, C)``
+of booleans or 0/1. An ``(N, 1)`` *integer* array is a column of class ids (what ``targets.unsqueeze(1)`` or
+``df[["label"]].to_numpy()`` gives), never a one-class multi-hot matrix; an ``(N, 1)`` boolean or floating 0/1
+array is a one-class multi-hot matrix (a binary target: the class is present or not).
 """
 
 from __future__ import annotations
@@ -39,23 +42,51 @@ PACING_KINDS = ("fixed_exponential", "linear", "quad", "root", "step", "exp", "l
 
 _WU_C = 10.0  # the constant c of Wu et al.'s exp and log pacing
 
+#: The dtype of index arrays whose entries all fit it (half the memory of int64); larger ones are int64.
+_SMALL_INDEX = np.int32
+
+
+def index_dtype(largest: int) -> type[np.signedinteger]:
+    """The dtype of an index array whose entries are at most ``largest``: int32 when they fit, else int64.
+
+    Choose it from the largest value the array will hold, not from a count of something else: the positions in
+    an epoch's multiset of repeated samples go up to ``sum(counts) - 1``, which can pass 2**31 - 1 while the
+    sample indices do not.
+
+    Example::
+
+        >>> index_dtype(2**31 - 1).__name__, index_dtype(2**31).__name__
+        ('int32', 'int64')
+    """
+    return _SMALL_INDEX if int(largest) <= np.iinfo(_SMALL_INDEX).max else np.int64
+
 
 # ---------------------------------------------------------------------------------------------- labels
 def label_sets(labels: Any) -> tuple[np.ndarray, np.ndarray, int]:
     """Normalise labels to ``(sample_ids, class_ids, num_samples)``: one entry per distinct (sample, class).
 
     Entries are sorted by sample. Raises ``ValueError`` for negative or non-integer class ids and for 2-D
-    arrays that are not a 0/1 multi-hot matrix.
+    arrays that are not a 0/1 multi-hot matrix. An ``(N, 1)`` integer array is read as one class id per sample.
+
+    Example::
+
+        >>> label_sets(np.array([[0], [2]]))[1].tolist()  # an integer column: class ids
+        [0, 2]
+        >>> label_sets(np.array([[False], [True]]))[:2]  # a boolean column: one class, present in sample 1
+        (array([1]), array([0]))
     """
     arr = _as_array(labels)
+    if arr is not None and arr.ndim == 2 and arr.shape[1] == 1 and np.issubdtype(arr.dtype, np.integer):
+        # Read as multi-hot, binary class ids 0/1 would turn class 0 into "no label" and class 1 into class 0.
+        arr = arr[:, 0]
     if arr is not None and arr.ndim == 1 and arr.dtype != object:
         ids = _class_ids(arr)
         return np.arange(len(ids), dtype=np.int64), ids, len(ids)
     if arr is not None and arr.ndim == 2 and arr.dtype != object:
         if not np.isin(arr, (0, 1)).all():
             raise ValueError(
-                "2-D labels must be a multi-hot matrix (N, C) of 0/1 or booleans; for lists of class ids per "
-                "sample pass a list of lists."
+                "2-D labels must be a multi-hot matrix (N, C) of 0/1 or booleans, or an integer column (N, 1) of "
+                "class ids; for lists of class ids per sample pass a list of lists."
             )
         samples, classes = np.nonzero(arr)
         return samples.astype(np.int64), classes.astype(np.int64), arr.shape[0]
@@ -248,7 +279,7 @@ def permutation(size: int, *, seed: int, epoch: int, stream: int = STREAM_SHUFFL
     """
     state = np.random.SeedSequence([int(seed), int(epoch), int(stream)]).generate_state(2, np.uint32)
     generator = torch.Generator().manual_seed((int(state[0]) << 31) | (int(state[1]) >> 1))
-    dtype = torch.int32 if size < 2**31 else torch.int64
+    dtype = torch.int32 if index_dtype(size - 1) == np.int32 else torch.int64
     return torch.randperm(size, generator=generator, dtype=dtype).numpy()
 
 
@@ -271,11 +302,11 @@ def shuffled_epoch(
 
     With ``num_replicas > 1``, only the positions ``rank, rank + num_replicas, ...`` of that list.
     """
-    dtype = np.int64 if num_samples >= 2**31 else np.int32
+    dtype = index_dtype(num_samples - 1)  # of the sample indices returned
     size = num_samples if counts is None else int(np.sum(counts))
     if size == 0:
         raise ValueError("Cannot build an epoch list without samples.")
-    perm = permutation(size, seed=seed, epoch=epoch)
+    perm = permutation(size, seed=seed, epoch=epoch)  # positions in the multiset, up to size - 1: their own dtype
     where = _positions(length, rank, num_replicas)
     picked = perm[where] if length <= size else perm[np.arange(length)[where] % size]
     if counts is None:
@@ -286,9 +317,9 @@ def shuffled_epoch(
     # The multiset is every sample once, then the extra copies; the permutation being uniform, that order
     # does not matter, and it keeps the random lookups in the (small) array of extra copies.
     extras = np.repeat(np.arange(num_samples, dtype=dtype), counts - 1)
-    out = picked.astype(dtype, copy=True)
-    extra = out >= num_samples
-    out[extra] = extras[out[extra] - num_samples]
+    extra = picked >= num_samples  # on the positions: in the samples' dtype an extra copy's position may wrap
+    out = picked.astype(dtype, copy=True)  # exact where not `extra`; the rest is overwritten just below
+    out[extra] = extras[picked[extra] - num_samples]
     return out
 
 

@@ -18,6 +18,7 @@ Conventions, shared by every function here:
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from numbers import Real
 from typing import Literal
 
@@ -132,10 +133,11 @@ def warmup_length(
     return max(1, round(length)) if warmup > 0 else 0
 
 
-def warmup_factor(step: int, warmup_steps: int, scale: float, start: WarmupStart = "unscaled") -> float:
+def warmup_factor(step: float | Fraction, warmup_steps: int, scale: float, start: WarmupStart = "unscaled") -> float:
     """The multiplier of the scheduled learning rate at update ``step`` (0-based).
 
-    It ramps linearly and reaches ``scale`` at update ``warmup_steps``, then stays there:
+    It ramps linearly and reaches ``scale`` at update ``warmup_steps``, then stays there. ``step`` may be
+    fractional: a warmup in epochs whose updates per epoch changed midway is at ``share done x warmup_steps``.
 
     * ``start="unscaled"`` (the paper's gradual warmup): ``1 + (scale - 1) * step / warmup_steps``, so update 0
       uses the unscaled learning rate. When ``scale <= 1`` there is nothing to warm up to and the factor is
