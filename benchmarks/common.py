@@ -233,9 +233,15 @@ def command_block(command: str) -> str:
 _GOAL_RE = re.compile(r"<!-- goal: (\{.*?\}) -->")
 
 
-def goal_marker(goal: str, figure: str, met: bool | None, section: str = "") -> str:
-    """An HTML comment carrying one goal's outcome; ``met=None`` means not measured in this run."""
-    payload = {"goal": goal, "figure": figure, "met": met, "section": section}
+def goal_marker(goal: str, figure: str, met: bool | None, section: str = "", outcome: str | None = None) -> str:
+    """An HTML comment carrying one goal's outcome; ``met=None`` means not measured in this run.
+
+    ``outcome`` replaces the summary's met / not met / not measured label, e.g. for a figure that stands in
+    for a goal measured elsewhere (give it with ``met=None``: a stand-in is never counted as met).
+    """
+    payload: dict[str, Any] = {"goal": goal, "figure": figure, "met": met, "section": section}
+    if outcome is not None:
+        payload["outcome"] = outcome
     return f"<!-- goal: {json.dumps(payload, ensure_ascii=False)} -->"
 
 
@@ -246,3 +252,8 @@ def parse_goals(markdown: str) -> list[dict[str, Any]]:
 
 def met_label(met: bool | None) -> str:
     return {True: "met", False: "**not met**", None: "not measured"}[met]
+
+
+def outcome_label(goal: Mapping[str, Any]) -> str:
+    """The summary's outcome cell for a parsed goal: its own ``outcome`` if it has one, else :func:`met_label`."""
+    return goal.get("outcome") or met_label(goal["met"])

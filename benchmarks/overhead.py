@@ -17,8 +17,17 @@ list) give the **per-epoch cost**: their median excess over the step time. Each 
 is the median over rounds of (its step time - the plain Trainer's step time in the same round). A second
 plain Trainer (``plain, A/A``) shows the resolution of the method.
 
+Lightning's own cost of calling a callback's hooks falls outside the hooks, so the wrappers that time our
+hooks miss it; it is measured apart (:func:`measure_dispatch`) and added to each callback's overhead: Lightning
+calls every callback hook on every callback in ``trainer.callbacks``, overridden or not (``getattr``, the
+callback's ``state_key``, the profiler's context manager, the call), so each callback pays it for every hook
+the loop calls. The hooks called per step are counted in this benchmark's own fit (:func:`hook_rates`); each
+is dispatched through Lightning's ``_call_callback_hooks`` to the variant's callback (the bodies of the hooks it
+overrides replaced by no-ops: their time is already ours) and to no callback, interleaved.
+
 Beside the whole-loop figures, ``transform_batch`` (the seam path of MixUp, CutMix, LabelSmoothing,
-ProgressiveResizing) is timed on its own on the same batch, interleaved, many calls per sample.
+ProgressiveResizing), MixUp's per-batch generator (``SpeedupCallback.rng``) and its mixing arithmetic (the
+functional ``mix``) are timed on their own on the same batch, interleaved, many calls per sample.
 
 Usage::
 
@@ -59,6 +68,7 @@ from lightning_speedups import (
     RepeatFactorSampling,
     SpeedupDataModule,
 )
+from lightning_speedups.functional import mix
 
 BATCH = 64
 SAMPLES = 1600  # 25 batches per epoch
@@ -68,6 +78,15 @@ GOAL_PCT = 0.01
 GOAL_INACTIVE_S = 100e-6
 #: torch threads: one, so that another process on the two shared cores cannot make OpenMP workers spin.
 THREADS = 1
+#: Lightning's dispatch is timed with this many copies of the callback in ``trainer.callbacks`` (Lightning loops
+#: over the list), so that the cost per callback stands out from the cost per call (logging, the module's hook
+#: name), which a Trainer pays with no callback at all.
+DISPATCH_COPIES = 10
+#: Samples of ``transform_batch`` alone and of Lightning's dispatch: the mean of this many calls each.
+ALONE_CALLS = 200
+DISPATCH_CALLS = 100
+EMPTY = "empty Callback"
+RNG, MIX = "SpeedupCallback.rng (MixUp)", "mix (functional, MixUp's arithmetic)"
 
 
 # ---------------------------------------------------------------------------------------------- the task
@@ -372,16 +391,12 @@ def variants() -> list[Variant]:
     ]
 
 
-def fit_once(variant: Variant, steps: int, warmup: int) -> dict[str, float]:
-    """One ``Trainer.fit`` of ``warmup + steps`` steps, timed as the module docstring says."""
-    torch.manual_seed(0)
-    clock = HookClock()
-    timer = StepTimer(clock)
-    trainer = pl.Trainer(
+def _trainer(callbacks: list[Callback], **kwargs: Any) -> pl.Trainer:
+    """The Trainer of every fit here: CPU, the in-memory logger, no checkpoints, bars, summary or validation."""
+    return pl.Trainer(
         accelerator="cpu",
         devices=1,
-        max_steps=warmup + steps,
-        callbacks=[*(clock.instrument(cb) for cb in variant.make()), timer],
+        callbacks=callbacks,
         logger=MemoryLogger(),
         log_every_n_steps=50,
         enable_checkpointing=False,
@@ -389,7 +404,16 @@ def fit_once(variant: Variant, steps: int, warmup: int) -> dict[str, float]:
         enable_model_summary=False,
         num_sanity_val_steps=0,
         limit_val_batches=0,
+        **kwargs,
     )
+
+
+def fit_once(variant: Variant, steps: int, warmup: int) -> dict[str, float]:
+    """One ``Trainer.fit`` of ``warmup + steps`` steps, timed as the module docstring says."""
+    torch.manual_seed(0)
+    clock = HookClock()
+    timer = StepTimer(clock)
+    trainer = _trainer([*(clock.instrument(cb) for cb in variant.make()), timer], max_steps=warmup + steps)
     trainer.fit(TinyCNN(), datamodule=TinyData(clock))
     out = timer.summary(warmup)
     epochs = max(1, clock.calls["epoch"] // 2) if clock.calls["epoch"] else max(1, len(clock.epoch_lists))
@@ -421,7 +445,8 @@ def measure_loop(rounds: int, steps: int, warmup: int) -> dict[str, dict[str, An
         row: dict[str, Any] = {"variant": vs[name]}
         for key in results[0]:
             row[key] = statistics.median(r.get(key, 0.0) for r in results)
-        row["delta"] = statistics.median(r["step"] - p["step"] for r, p in zip(results, plain, strict=True))
+        deltas = [r["step"] - p["step"] for r, p in zip(results, plain, strict=True)]
+        row["delta"], row["delta_range"] = statistics.median(deltas), (min(deltas), max(deltas))
         row["boundary_delta"] = statistics.median(
             r["boundary"] - p["boundary"] for r, p in zip(results, plain, strict=True)
         )
@@ -429,9 +454,110 @@ def measure_loop(rounds: int, steps: int, warmup: int) -> dict[str, dict[str, An
         row["epoch_ours"] = row["epoch_hooks"] + max(
             0.0, row["epoch_list"] - statistics.median(p["epoch_list"] for p in plain)
         )
-        row["cost"] = row["ours"] + row["epoch_ours"] / row["batches"]
+        row["own"] = row["ours"] + row["epoch_ours"] / row["batches"]  # inside our hooks, sampler, seam
+        row["dispatch"] = 0.0  # Lightning's calls of our hooks: add_dispatch
+        row["cost"] = row["own"]
         out[name] = row
     return out
+
+
+# ---------------------------------------------------------------------------------------------- Lightning's dispatch
+def callback_hooks() -> list[str]:
+    """The hooks Lightning may dispatch to a callback (``Callback``'s ``on_*`` methods, ``setup``, ``teardown``)."""
+    return [n for n, f in vars(Callback).items() if callable(f) and (n.startswith("on_") or n in ("setup", "teardown"))]
+
+
+def hook_rates(epochs: tuple[int, int] = (2, 4)) -> dict[str, float]:
+    """Calls per training step of each callback hook Lightning calls in this benchmark's fit.
+
+    Counted by a callback that overrides every hook, as the difference in calls between two fits of
+    ``epochs`` epochs over the difference in steps: one-off hooks (``setup``, ``on_fit_start``, ...) cancel,
+    per-epoch hooks count one per epoch's batches.
+    """
+    _quiet()
+    counted = []
+    for n_epochs in epochs:
+        counts: dict[str, int] = {}
+
+        def hook(name: str, counts: dict[str, int] = counts) -> Callable[..., None]:
+            def call(self: Any, *args: Any, **kwargs: Any) -> None:
+                counts[name] = counts.get(name, 0) + 1
+
+            return call
+
+        counter = type("HookCounter", (Callback,), {name: hook(name) for name in callback_hooks()})()
+        trainer = _trainer([counter], max_epochs=n_epochs)
+        trainer.fit(TinyCNN(), datamodule=TinyData())
+        counted.append((counts, trainer.global_step))
+    (short, short_steps), (long, long_steps) = counted
+    rates = {h: (long.get(h, 0) - short.get(h, 0)) / (long_steps - short_steps) for h in long}
+    return {h: r for h, r in rates.items() if r > 0}
+
+
+def _noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _without_bodies(callback: Callback, hooks: list[str]) -> Callback:
+    """``callback`` with the hooks it overrides replaced by no-ops; the others stay ``Callback``'s own no-ops."""
+    for name in hooks:
+        if getattr(type(callback), name, None) is not getattr(Callback, name, None):
+            setattr(callback, name, _noop)
+    return callback
+
+
+def measure_dispatch(rates: dict[str, float], rounds: int) -> dict[str, float]:
+    """Per variant with a callback (and an empty ``Callback``): Lightning's dispatch seconds per training step.
+
+    For each hook in ``rates``, ``lightning.pytorch.trainer.call._call_callback_hooks`` (what the loop calls)
+    is timed with :data:`DISPATCH_COPIES` copies of the variant's callback in ``trainer.callbacks`` and with
+    none, interleaved; per round, the difference over the copies, weighted by the hook's calls per step and
+    summed over the hooks; the median over rounds. The hooks get ``None`` arguments: the no-op bodies ignore
+    them.
+    """
+    import inspect
+
+    from lightning.pytorch.trainer import call
+
+    _quiet()
+    trainer = _trainer([])
+    trainer.strategy.connect(TinyCNN())  # as in a fit: the dispatch records the hook name on the module
+    hooks = list(rates)
+    nargs = {h: len(inspect.signature(getattr(Callback, h)).parameters) - 3 for h in hooks}  # self, trainer, module
+    lists: dict[str, list[Callback]] = {"none": []}
+    for v in variants():
+        if v.state != "-":
+            lists[v.name] = [_without_bodies(cb, hooks) for cb in v.make()] * DISPATCH_COPIES
+    lists[EMPTY] = [Callback()] * DISPATCH_COPIES
+
+    def dispatch(callbacks: list[Callback], hook: str) -> Callable[[], None]:
+        args = (None,) * nargs[hook]
+
+        def run() -> None:
+            trainer.callbacks = callbacks
+            call._call_callback_hooks(trainer, hook, *args)
+
+        return run
+
+    fns = {f"{name}|{h}": dispatch(cbs, h) for name, cbs in lists.items() for h in hooks}
+    samples = common.interleaved_samples(fns, rounds, warmup=1, number=DISPATCH_CALLS, seed=4)
+    out = {}
+    for name in lists:
+        if name == "none":
+            continue
+        per_round = [
+            sum(rates[h] * (samples[f"{name}|{h}"][r] - samples[f"none|{h}"][r]) for h in hooks) / DISPATCH_COPIES
+            for r in range(rounds)
+        ]
+        out[name] = statistics.median(per_round)
+    return out
+
+
+def add_dispatch(loop: dict[str, dict[str, Any]], dispatch: dict[str, float]) -> None:
+    """Add Lightning's dispatch to each callback's overhead (the plain Trainers have no callback: none)."""
+    for name, row in loop.items():
+        row["dispatch"] = 0.0 if row["variant"].state == "-" else dispatch[name]
+        row["cost"] = row["own"] + row["dispatch"]
 
 
 # ---------------------------------------------------------------------------------------------- transform alone
@@ -452,7 +578,12 @@ def measure_transforms(rounds: int) -> dict[str, float]:
         "ProgressiveResizing (active)": ProgressiveResizing(0.5, 1.0, 0.0),
     }
     fns = {name: (lambda cb=cb: cb.transform_batch(trainer, None, batch)) for name, cb in callbacks.items()}
-    return common.interleaved(fns, rounds, warmup=2, number=200, seed=2)
+    mixup = callbacks["MixUp (active)"]
+    mixup.seed = 0
+    perm = torch.randperm(BATCH, generator=g)
+    fns[RNG] = lambda: mixup.rng(trainer)
+    fns[MIX] = lambda: mix(batch[0], batch[1], 0.7, perm, CLASSES)
+    return common.interleaved(fns, rounds, warmup=2, number=ALONE_CALLS, seed=2)
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -490,6 +621,7 @@ def report(loop: dict[str, dict[str, Any]], alone: dict[str, float]) -> str:
                 "" if baseline else f"{r['ours'] * 1e6:,.1f}",
                 "" if baseline else parts_text(r),
                 "" if baseline or not r["epoch_ours"] else f"{r['epoch_ours'] * 1e6:,.0f} / {r['batches']:.0f}",
+                "" if baseline else f"{r['dispatch'] * 1e6:,.1f}",
                 "" if baseline else f"**{r['cost'] * 1e6:,.1f}**",
                 "" if baseline else common.fmt_pct(r["cost"] / plain_step, 2),
                 f"{a * 1e6:,.1f}" if a is not None else "",
@@ -506,6 +638,7 @@ def report(loop: dict[str, dict[str, Any]], alone: dict[str, float]) -> str:
             "ours per step (µs)",
             "of which (µs per step)",
             "ours per epoch (µs) / batches",
+            "Lightning dispatch (µs per step)",
             "overhead per step (µs)",
             "% of plain step",
             "transform_batch alone (µs)",
@@ -514,7 +647,7 @@ def report(loop: dict[str, dict[str, Any]], alone: dict[str, float]) -> str:
             "goal",
         ],
         rows,
-        align="lllrlrrrrrrl",
+        align="lllrlrrrrrrrl",
     )
 
 
@@ -530,18 +663,28 @@ def plot(loop: dict[str, dict[str, Any]], path: Path) -> None:
     rows = [(name, r) for name, r in loop.items() if r["variant"].state != "-"]
     names = [name for name, _ in rows][::-1]
     costs = [r["cost"] * 1e6 for _, r in rows][::-1]
+    own = [r["own"] * 1e6 for _, r in rows][::-1]
     colors = ["tab:green" if _verdict(r, plain) else "tab:red" for _, r in rows][::-1]
     fig, ax = plt.subplots(figsize=(8, 5))
-    ax.barh(names, costs, color=colors)
+    ax.barh(names, own, color=colors)
+    ax.barh(
+        names,
+        [c - o for c, o in zip(costs, own, strict=True)],
+        left=own,
+        color=colors,
+        alpha=0.45,
+        hatch="//",
+        label="Lightning's dispatch of our hooks",
+    )
     ax.axvline(
         GOAL_PCT * plain * 1e6, color="black", linestyle="--", label=f"1% of the plain step ({plain * 1e3:.1f} ms)"
     )
     ax.axvline(GOAL_INACTIVE_S * 1e6, color="grey", linestyle=":", label="100 µs (inactive goal)")
     ax.set_xscale("log")
-    ticks = [t for t in (5, 10, 20, 50, 100, 200, 500, 1000, 2000) if min(costs) / 2 <= t <= max(costs) * 2]
+    ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000) if min(own) / 2 <= t <= max(costs) * 2]
     ax.set_xticks(ticks, [str(t) for t in ticks])
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel("our time per training step (µs, log scale; green: goal met)")
+    ax.set_xlabel("overhead per training step (µs, log scale; hatched: Lightning's dispatch; green: goal met)")
     ax.set_title("Callback overhead on a tiny CNN (CPU, 1 thread)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=8)
     fig.tight_layout()
@@ -556,11 +699,15 @@ def section(quick: bool, out_dir: Path) -> str:
         info = common.machine()
         start = time.perf_counter()
         loop = measure_loop(rounds, steps, warmup)
+        rates = hook_rates()
+        dispatch = measure_dispatch(rates, rounds=5 if quick else 15)
+        add_dispatch(loop, dispatch)
         alone = measure_transforms(rounds=5 if quick else 15)
         elapsed = time.perf_counter() - start
     plain = loop["plain Trainer"]["step"]
-    aa = loop["plain, A/A"]["delta"]
+    aa, (aa_lo, aa_hi) = loop["plain, A/A"]["delta"], loop["plain, A/A"]["delta_range"]
     plot(loop, out_dir / "overhead.png")
+    per_step = ", ".join(f"`{h}` {r:g}" for h, r in rates.items())
     md = [
         "## Callback overhead per training step",
         "",
@@ -568,27 +715,41 @@ def section(quick: bool, out_dir: Path) -> str:
         "",
         common.machine_line(info),
         f"- {rounds} rounds; each round is one `Trainer.fit` of {warmup} + {steps} steps per variant, the variants "
-        f"taking turns in a shuffled order; {THREADS} torch thread (robust on a shared machine: with two "
-        f"processes of two OpenMP threads each on the two cores, steps slowed fifty-fold). Ran in {elapsed:.0f} s.",
-        f"- Model: one 3 x 3 convolution (8 channels), pooling, dropout 0.1 and a linear layer on 3 x 16 x 16 "
-        f"inputs, batch {BATCH}, SGD, `self.log` of the loss; in-memory data (25 batches per epoch) through "
-        "`SpeedupDataModule` for every variant; an in-memory logger (`log_every_n_steps=50`), so knob logging is "
-        "paid for. Small on purpose: on a real model the same absolute cost is a far smaller share.",
-        "- **Overhead per step** = *ours per step* + *ours per epoch* / batches per epoch. *Ours per step*: the "
-        "time measured inside the callback's per-step hooks, its `transform_batch`, its optimizer step hooks and "
-        "the seam's dispatch, by wrappers around each (mean over the timed steps, so logging every 50 steps is "
-        "spread; first-batch checks fall in the warm-up). *Ours per epoch*: epoch hooks, plus the time the "
-        "training sampler takes to produce an epoch's index list beyond the default shuffle's. Median over rounds.",
+        f"taking turns in a shuffled order; {THREADS} torch thread (robust on a shared machine, where another "
+        f"process's OpenMP threads compete with ours for the same cores). Ran in {elapsed:.0f} s.",
+        f"- Model: one 3 x 3 convolution (8 channels), pooling, dropout 0.1 and a linear layer on "
+        f"{' x '.join(map(str, SHAPE))} inputs, batch {BATCH}, SGD, `self.log` of the loss; in-memory data "
+        f"({SAMPLES // BATCH} batches per epoch) through `SpeedupDataModule` for every variant; an in-memory logger "
+        "(`log_every_n_steps=50`), so knob logging is paid for. Small on purpose: on a real model the same "
+        "absolute cost is a far smaller share.",
+        "- **Overhead per step** = *ours per step* + *ours per epoch* / batches per epoch + *Lightning dispatch*. "
+        "*Ours per step*: the time measured inside the callback's per-step hooks, its `transform_batch`, its "
+        "optimizer step hooks and the seam's dispatch, by wrappers around each (mean over the timed steps, so "
+        "logging every 50 steps is spread; first-batch checks fall in the warm-up). *Ours per epoch*: epoch "
+        "hooks, plus the time the training sampler takes to produce an epoch's index list beyond the default "
+        "shuffle's. Median over rounds.",
+        "- **Lightning dispatch**: what Lightning spends calling the callback's hooks, outside them (so the "
+        "wrappers above miss it). Lightning calls every callback hook on every callback in `trainer.callbacks`, "
+        "overridden or not: a `getattr`, the callback's `state_key` (for a `SpeedupCallback` with "
+        "`state_key_fields`, a `repr` of them), the profiler's context manager and the call. Measured apart: the "
+        "hooks the loop calls per training step, counted in this benchmark's own fit (the difference between a "
+        f"4-epoch and a 2-epoch fit: {per_step} calls per step), are each dispatched through Lightning's "
+        f"`_call_callback_hooks` to {DISPATCH_COPIES} copies of the variant's callback, the bodies of the hooks "
+        "it overrides replaced by no-ops (their time is *ours per step*), and to no callback; per callback, the "
+        "difference over the copies weighted by calls per step, median of "
+        f"{5 if quick else 15} interleaved rounds of {DISPATCH_CALLS} calls. Any callback pays it: an empty "
+        f"Lightning `Callback` costs {dispatch[EMPTY] * 1e6:.1f} µs per step this way.",
         "- **Whole step**: median interval between two `on_train_batch_end` calls within an epoch (fetch, "
         "transfer, seam, hooks, forward, backward, optimizer); **Δ whole step**: median over rounds of (variant "
         "- plain Trainer in the same round). A cross-check only: a second plain Trainer (the A/A row) differs by "
-        f"{aa * 1e6:+.0f} µs, so whole-loop differences below a few hundred µs are noise on this machine. "
-        "**transform_batch alone**: the seam call on one batch outside the Trainer (median of interleaved "
-        "samples of 200 calls).",
+        f"{aa * 1e6:+.0f} µs (from {aa_lo * 1e6:+.0f} to {aa_hi * 1e6:+.0f} µs over the rounds), so whole-loop "
+        "differences of that size are noise on this machine. **transform_batch alone**: the seam call on one "
+        f"batch outside the Trainer (median of interleaved samples of {ALONE_CALLS} calls).",
         f"- Goals (issue 7): every callback at most 1% of a step ({GOAL_PCT * plain * 1e6:.0f} µs of the "
-        f"{plain * 1e6:,.0f} µs plain step) and under {GOAL_INACTIVE_S * 1e6:.0f} µs per step when inactive. "
-        "ProgressiveResizing and DropoutRemoval, when active, also change the model's own work (smaller images, "
-        "no dropout masks): their whole-step Δ is a net effect, their overhead the callback's own time.",
+        f"{plain * 1e6:,.0f} µs plain step) and under {GOAL_INACTIVE_S * 1e6:.0f} µs per step when inactive, "
+        "Lightning's dispatch included. ProgressiveResizing and DropoutRemoval, when active, also change the "
+        "model's own work (smaller images, no dropout masks): their whole-step Δ is a net effect, their overhead "
+        "the callback's own time.",
         "",
         f"![Overhead per step of each callback against the goals]({out_dir.name}/overhead.png)",
         "",
@@ -601,15 +762,23 @@ def section(quick: bool, out_dir: Path) -> str:
         if ok is None:
             continue
         limit = "≤ 1% of a step" + (" and < 100 µs" if r["variant"].state == "inactive" else "")
-        figure = f"{r['cost'] * 1e6:.1f} µs per step ({r['cost'] / plain:.2%})"
+        figure = (
+            f"{r['cost'] * 1e6:.1f} µs per step ({r['cost'] / plain:.2%}), of which Lightning's dispatch "
+            f"{r['dispatch'] * 1e6:.1f} µs"
+        )
         md.append(common.goal_marker(f"{name}: overhead {limit}", figure, ok, "overhead"))
         if not ok:
             failed.append((name, r))
-    md += ["", notes(failed, plain, alone)]
+    md += ["", notes(failed, plain, alone, loop)]
     return "\n".join(md)
 
 
-def notes(failed: list[tuple[str, dict[str, Any]]], plain: float, alone: dict[str, float] | None = None) -> str:
+def notes(
+    failed: list[tuple[str, dict[str, Any]]],
+    plain: float,
+    alone: dict[str, float] | None = None,
+    loop: dict[str, dict[str, Any]] | None = None,
+) -> str:
     """The closing note: which goals are not met, and why (the causes were found by profiling)."""
     if not failed:
         return "Every callback met the overhead goals on this model."
@@ -618,13 +787,18 @@ def notes(failed: list[tuple[str, dict[str, Any]]], plain: float, alone: dict[st
     for name, r in failed:
         cost = r["cost"]
         part = parts(r)
-        why = WHY.get(name, "").format(
+        why = WHY.get(name, "Its largest parts per step (µs): {largest}.").format(
+            largest=parts_text(r) or "none over 0.5 µs",
             alone=alone.get(name, float("nan")) * 1e6,
             transform=part.get("transform_batch", 0.0) * 1e6,
             end=part.get("on_train_batch_end", 0.0) * 1e6,
             seam=part.get("seam dispatch", 0.0) * 1e6,
             pre=part.get("pre_step", 0.0) * 1e6,
             post=part.get("post_step", 0.0) * 1e6,
+            rng=alone.get(RNG, float("nan")) * 1e6,
+            mix=alone.get(MIX, float("nan")) * 1e6,
+            batch=" x ".join(map(str, (BATCH, *SHAPE))),
+            targets=f"{BATCH} x {CLASSES}",
         )
         scale = (
             "it grows with the batch's pixels"
@@ -632,34 +806,80 @@ def notes(failed: list[tuple[str, dict[str, Any]]], plain: float, alone: dict[st
             else f"about fixed per batch, so under 1% of any step longer than {cost * 100 * 1e3:.0f} ms"
         )
         lines.append(
-            f"- **{name}**: {cost * 1e6:.0f} µs per step, {cost / plain:.2%} of this {plain * 1e3:.1f} ms step; "
-            f"{scale}. {why}"
+            f"- **{name}**: {cost * 1e6:.0f} µs per step ({r['dispatch'] * 1e6:.0f} µs of it Lightning's "
+            f"dispatch), {cost / plain:.2%} of this {plain * 1e3:.1f} ms step; {scale}. {why}".rstrip()
         )
-    lines += ["", COMMON_WHY]
+    lines += ["", common_why(loop or {}, alone)]
     return "\n".join(lines)
 
 
-#: What every seam callback pays per step, whatever it does (profiled with cProfile inside a fit).
-COMMON_WHY = (
-    "Common to all: inside a fit each small tensor op and Python call of ours costs several times what it "
-    "costs in a tight loop (caches are cold after the backward pass; compare *transform_batch alone*), and "
-    "every `SpeedupCallback` checks in `on_train_batch_end` whether to log its knobs, through Lightning's "
-    "`should_update_logs` property chain (about 3 µs hot). The seam's dispatch, shared by all the callbacks "
-    "that transform batches, reads the trainer's stage and calls each of them; it took twice as long before "
-    "it read the stage once instead of `trainer.training` and `trainer.sanity_checking` (two chains of "
-    "Lightning properties and string-enum comparisons), changed with this benchmark."
-)
+def common_why(loop: dict[str, dict[str, Any]], alone: dict[str, float]) -> str:
+    """What every callback pays per step, whatever it does, with this run's figures."""
+    from lightning_speedups.base import SpeedupCallback
+
+    ratios = [
+        parts(r).get("transform_batch", 0.0) / alone[name]
+        for name, r in loop.items()
+        if alone.get(name) and parts(r).get("transform_batch")
+    ]
+    in_fit = (
+        f": *transform_batch* took {min(ratios):.1f}x to {max(ratios):.1f}x its time alone in this run"
+        if ratios
+        else ""
+    )
+    with_callback = [r for r in loop.values() if r["variant"].state != "-"]
+    # the callbacks whose on_train_batch_end is SpeedupCallback's own: the knob-logging check and nothing else
+    ends = [
+        parts(r)["on_train_batch_end"]
+        for r in with_callback
+        if "on_train_batch_end" in parts(r)
+        and all(type(cb).on_train_batch_end is SpeedupCallback.on_train_batch_end for cb in r["variant"].make())
+    ]
+    check = ""
+    if ends:
+        check = f" ({statistics.median(ends) * 1e6:.1f} µs per step in this run: median over the callbacks that "
+        check += "do nothing else there)"
+    text = [
+        "Common to all: inside a fit each small tensor op and Python call of ours costs more than in a tight "
+        f"loop{in_fit} (caches are cold after the backward pass), and every `SpeedupCallback` checks in "
+        f"`on_train_batch_end` whether to log its knobs, through Lightning's `should_update_logs` property "
+        f"chain{check}."
+    ]
+    if with_callback:
+        keyed = [r for r in with_callback if any(cb.state_key_fields() for cb in r["variant"].make())]
+        others = [r for r in with_callback if r not in keyed]
+        low, high = (f(r["dispatch"] for r in with_callback) * 1e6 for f in (min, max))
+        text.append(
+            f"Lightning's dispatch of every hook to every callback ({low:.1f} to {high:.1f} µs per step here) is "
+            "paid by any callback, ours or not."
+        )
+        if keyed and others:
+            names = ", ".join(dict.fromkeys(r["variant"].callback for r in keyed))
+            text.append(
+                f"It costs more for the callbacks with `state_key_fields` ({names}: median "
+                f"{statistics.median(r['dispatch'] for r in keyed) * 1e6:.1f} µs per step, against "
+                f"{statistics.median(r['dispatch'] for r in others) * 1e6:.1f} µs for the others): Lightning builds "
+                "a profiler label from `state_key` at every hook call, profiler or not, and their `state_key` "
+                "formats those fields each time."
+            )
+    text.append(
+        "The seam's dispatch, shared by all the callbacks that transform batches, reads the trainer's stage once "
+        "(not `trainer.training` and `trainer.sanity_checking`, two chains of Lightning properties and "
+        "string-enum comparisons) and calls each of them."
+    )
+    return " ".join(text)
+
 
 #: Causes found by profiling (``cProfile`` of each hook inside a fit, and tight-loop timing of its parts).
 WHY: dict[str, str] = {
     "MixUp (active)": (
-        "transform_batch: {transform:.0f} µs in the fit ({alone:.0f} µs alone). The mixing arithmetic on this "
-        "64 x 3 x 16 x 16 batch is a few µs; the rest is a fixed cost per batch: a NumPy generator built from "
-        "(seed, rank, batch index, class) so that draws are reproducible and resumable (`SpeedupCallback.rng`, "
-        "about 16 µs in a tight loop, several times that in the fit), the permutation, one-hot targets (zeros "
-        "and a scatter) and two in-place lerps, each op a few µs of dispatch. A cheaper per-batch generator "
-        "(e.g. NumPy's `Philox` keyed once per fit, with the batch index as its counter) would remove most of "
-        "the generator's share, but changes the random stream (a behaviour change, not made here)."
+        "transform_batch: {transform:.0f} µs in the fit ({alone:.0f} µs alone). The mixing arithmetic and the "
+        "one-hot targets on this {batch} batch (the functional `mix`) take {mix:.0f} µs alone; the rest is a "
+        "fixed cost per batch: a NumPy generator built from (seed, rank, batch index, class) so that draws are "
+        "reproducible and resumable (`SpeedupCallback.rng`, {rng:.0f} µs alone), the draws, the permutation and "
+        "the batch fields. A cheaper per-batch generator (e.g. NumPy's `Philox` keyed once per fit, with the "
+        "batch index as its counter) would remove most of the generator's share, but changes the random stream "
+        "(a behaviour change, not made here)."
     ),
     "CutMix (active)": (
         "transform_batch: {transform:.0f} µs in the fit ({alone:.0f} µs alone): as MixUp's (generator, "
@@ -668,7 +888,7 @@ WHY: dict[str, str] = {
     ),
     "LabelSmoothing (active)": (
         "transform_batch: {transform:.0f} µs in the fit ({alone:.0f} µs alone): the smoothed targets (a fill "
-        "and a scatter on a 64 x 10 tensor), plus the batch fields; no random draw. "
+        "and a scatter on a {targets} tensor), plus the batch fields; no random draw. "
         "`method='loss'` (a loss module attribute set per step) avoids the tensor ops."
     ),
     "ProgressiveResizing (active)": (

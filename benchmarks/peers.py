@@ -233,9 +233,9 @@ def render(results: dict[str, Any], quick: bool, command: str) -> str:
         "- Same batch, same dtype, same output kind (soft targets `(N, C)`) for every variant of a group. timm "
         "mixes in place (on its own copy of the batch); Composer's `mixup_batch`/`cutmix_batch` return the "
         "partners' hard labels, so the compared call adds the soft targets (the op alone is listed too); "
-        "Composer's crop is one window for the batch (a view), ours one per sample (a copy). MixUp alpha 0.2; "
-        "CutMix alpha 1000, so that lam is about 0.5 for every implementation and each call pastes a box of "
-        "about the same size (the work grows with the box; its position stays random).",
+        f"Composer's crop is one window for the batch (a view), ours one per sample (a copy). MixUp alpha "
+        f"{MIX_ALPHA:g}; CutMix alpha {CUT_ALPHA:g}, so that lam is about 0.5 for every implementation and each "
+        "call pastes a box of about the same size (the work grows with the box; its position stays random).",
         "",
     ]
     goals = []
@@ -311,8 +311,8 @@ def unmet_notes(results: dict[str, Any]) -> list[str]:
 NOTES = (
     "**Where the differences come from.** On a CPU every new batch-sized buffer costs page faults on first touch "
     "as well as memory traffic, so the fastest implementations allocate the fewest. Our MixUp computes the mix "
-    "in place in its one new buffer, the partner copy (`x.index_select(0, perm).lerp_(x, lam)`); until this "
-    "benchmark it wrote `torch.lerp` into a second new buffer and took 1.6x timm's time on the 224 px batch. timm "
+    "in place in its one new buffer, the partner copy (`x.index_select(0, perm).lerp_(x, lam)`), where it "
+    "used to write `torch.lerp` into a second new buffer (changed with this benchmark). timm "
     "mixes the caller's batch in place but makes a flipped copy first; torchvision rolls the batch and allocates "
     "`lam * x` besides; Composer's `(1 - lam) * x + lam * x[perm]` allocates four batch-sized tensors. For CutMix "
     "every implementation copies the batch once (timm: the flipped copy; ours, Composer's and torchvision's: the "

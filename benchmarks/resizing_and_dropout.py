@@ -278,15 +278,17 @@ def section(quick: bool, out_dir: Path) -> str:
             step_table(step),
             "",
             f"At scale 0.5 the step takes {half:.2f} of the full-size time for {ideal:.2f} of the FLOPs "
-            f"({ideal / half:.0%} of the FLOPs ideal on this CPU, where the step time follows the pixel count). "
+            f"({ideal / half:.0%} of the FLOPs ideal on this CPU, where the step time follows the pixel count; a "
+            "CPU stand-in only: the 80% goal is on GPU, measured in the GPU section). "
             "Over a run with Composer's default schedule (0.5 / 0.5 / 0.2) the mean of scale squared is 0.50 (0.5 x "
             "0.25 + 0.3 x 0.58 + 0.2 x 1), so about half of the model compute is saved; small GPU batches save "
             "less (fixed per-step overheads).",
             common.goal_marker(
                 "Progressive resizing at scale 0.5 ≥ 80% of the FLOPs ideal (CPU figure; the goal is on GPU)",
                 f"{ideal / half:.0%} of the ideal on CPU",
-                ideal / half >= 0.8,
+                None,  # a CPU stand-in: the goal is on GPU (the gpu section), so never "met" from here
                 "efficiency",
+                outcome="CPU stand-in (goal is on GPU: not measured)",
             ),
             "",
             "**Pipeline mode, data loading.** One batch of 32 in-memory JPEGs (256 x 256, made by the script) "

@@ -108,7 +108,7 @@ def summary(blocks: dict[str, str]) -> str:
     rows = []
     for name in SECTIONS:
         for g in common.parse_goals(blocks.get(name, "")):
-            rows.append([g["goal"], g["figure"], common.met_label(g["met"]), name.replace("_", " ")])
+            rows.append([g["goal"], g["figure"], common.outcome_label(g), name.replace("_", " ")])
     if not rows:
         return "No goal was measured."
     return common.markdown_table(["goal", "figure", "outcome", "section"], rows, "llll")

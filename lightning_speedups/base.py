@@ -173,6 +173,11 @@ class SpeedupCallback(Callback):
 
     @property
     def state_key(self) -> str:
+        # Lightning reads `state_key` on every hook call it dispatches (for its profiler); within a fit the
+        # settings are fixed, so the key is worked out once at setup and reused until teardown.
+        cached = self.__dict__.get("_state_key_cache")
+        if cached is not None:
+            return cached
         fields = self.state_key_fields()
         return self._generate_state_key(**fields) if fields else type(self).__qualname__
 
@@ -186,6 +191,8 @@ class SpeedupCallback(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        self._state_key_cache = None
+        self._state_key_cache = self.state_key
         if self.seed is None:
             self.seed = torch.initial_seed() % 2**63
         if self.transforms_batches:
@@ -198,11 +205,13 @@ class SpeedupCallback(Callback):
             seam.install(trainer, self)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._state_key_cache = None
         if self.transforms_batches:
             seam.uninstall(trainer, self)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         # Lightning skips `teardown` when fit raises: take the seam out here, or the strategy keeps our wrapper
+        self._state_key_cache = None
         if self.transforms_batches:
             seam.uninstall(trainer, self)
 

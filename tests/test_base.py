@@ -109,6 +109,26 @@ def test_two_instances_with_different_windows_have_distinct_state_keys():
     trainer(callbacks=[early, late], max_steps=2).fit(RecordingModule(record=False), loaders()[0])
 
 
+def test_the_state_key_is_worked_out_once_per_fit():
+    """Lightning reads `state_key` at every hook call it dispatches; ours is computed at setup, then reused."""
+
+    class Counting(MixUp):
+        calls = 0
+
+        def state_key_fields(self):
+            Counting.calls += 1
+            return super().state_key_fields()
+
+    cb = Counting(end=0.5)
+    key = cb.state_key
+    Counting.calls = 0
+    trainer(callbacks=[cb], max_epochs=2).fit(RecordingModule(record=False), loaders()[0])  # 8 steps
+    assert Counting.calls <= 6  # the hooks dispatched before setup: not once per hook call (over 60 here)
+    assert cb.state_key == key
+    cb.end = 0.25  # outside a fit the key follows the settings
+    assert cb.state_key != key
+
+
 def test_seed_is_resolved_at_fit_and_survives_state_dict():
     torch.manual_seed(1234)
     cb = MixUp(num_classes=4)

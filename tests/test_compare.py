@@ -47,7 +47,7 @@ def test_compare_on_a_tiny_budget_writes_its_table_and_plot(tmp_path, capsys):
     arms = {run["arm"] for run in results["runs"]}
     assert arms == {"baseline", "callbacks: MixUp:alpha=0.4, LabelSmoothing"}  # same FLOPs: no budget arm
     baseline = next(s for s in results["summaries"] if s["arm"] == "baseline")
-    assert baseline["flops"] > 0 and baseline["steps"] == 12  # 1437 samples / 128 per batch
+    assert baseline["flops"] > 0 and baseline["steps"] == 12  # 1438 samples / 128 per batch
     assert baseline["speedup_flops"] == pytest.approx(1.0)
 
 

@@ -56,6 +56,21 @@ def test_dropout_is_inert_from_start_and_outputs_become_deterministic():
     assert sum(site.value > 0 for site in find_dropout(model)) == SITES and cb.removed == 0
 
 
+def test_a_fit_that_raises_hands_the_model_back_with_its_dropout():
+    class Crashes(DropoutModule):
+        def training_step(self, batch, batch_idx):
+            if self.trainer.global_step == 3:
+                raise ArithmeticError("user bug")
+            return super().training_step(batch, batch_idx)
+
+    model = Crashes()
+    cb = DropoutRemoval(start=0.0)
+    with pytest.raises(ArithmeticError):
+        trainer(callbacks=[cb], max_epochs=2).fit(model, loaders("list")[0])
+    assert all(inert for _, inert, _ in model.log_steps) and len(model.log_steps) == 3  # it was off while training
+    assert sum(site.value > 0 for site in find_dropout(model)) == SITES and cb.removed == 0
+
+
 def test_start_zero_removes_before_the_first_step():
     model = DropoutModule()
     trainer(callbacks=[DropoutRemoval()], max_steps=2).fit(model, loaders("list")[0])

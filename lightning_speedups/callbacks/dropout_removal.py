@@ -90,10 +90,17 @@ class DropoutRemoval(SpeedupCallback):
                 self.log_now(trainer)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._give_back(pl_module)
+        super().teardown(trainer, pl_module, stage)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._give_back(pl_module)  # Lightning skips teardown when fit raises; the model still comes back whole
+        super().on_exception(trainer, pl_module, exception)
+
+    def _give_back(self, pl_module: pl.LightningModule) -> None:
         if self._removed:
             restore_dropout(pl_module, self._removed)
         self._removed, self._done = [], False
-        super().teardown(trainer, pl_module, stage)
 
     def knobs(self) -> dict[str, float]:
         return {"removed": float(self.removed)}
