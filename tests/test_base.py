@@ -90,6 +90,28 @@ def test_knobs_go_to_every_logger_at_the_logging_cadence():
         assert [value for _, value in history] == [3.0, 6.0]
 
 
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_knobs_are_logged_exactly_when_lightning_logs_self_log(accumulate):
+    """Our cadence check is Lightning's `should_update_logs` rule written out; both must log the same steps."""
+
+    class LogsEveryStep(RecordingModule):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("train_probe", float(batch_idx))
+            return loss
+
+    logger = MemoryLogger()
+    trainer(
+        callbacks=[ProgressProbe()],
+        max_epochs=3,
+        logger=logger,
+        log_every_n_steps=2,
+        accumulate_grad_batches=accumulate,
+    ).fit(LogsEveryStep(record=False), loaders()[0])
+    ours = [step for step, _ in logger.history["probe/calls"]]
+    assert ours and ours == [step for step, _ in logger.history["train_probe"]]
+
+
 def test_warn_is_a_speedup_warning_from_rank_zero(monkeypatch):
     from lightning.pytorch.utilities import rank_zero
 

@@ -234,4 +234,4 @@ def test_overhead_dispatch_and_notes_render():
     assert "{" not in text and "Lightning's dispatch" in text and "µs alone" in text
     assert "took 2.0x to 2.0x its time alone in this run" in text
     assert "Its largest parts per step (µs): transform_batch 40, on_train_batch_end 2, pre_step 1." in text
-    assert "callbacks with `state_key_fields` (MixUp, CutMix, LabelSmoothing, DropoutRemoval:" in text
+    assert "whose key formats their settings (MixUp, CutMix, LabelSmoothing, DropoutRemoval) pay" in text

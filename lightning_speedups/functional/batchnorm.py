@@ -47,7 +47,6 @@ class BatchNormSnapshot:
                     bn.num_batches_tracked.copy_(self.counts[i])
                 bn.momentum = self.momenta[i]
 
-
     def state_dict_entries(self, model: nn.Module) -> dict[str, Tensor]:
         """The saved buffers under their ``model.state_dict()`` keys (for a checkpoint taken meanwhile)."""
         names = {id(m): name for name, m in model.named_modules()}
