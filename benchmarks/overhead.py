@@ -845,8 +845,8 @@ def common_why(loop: dict[str, dict[str, Any]], alone: dict[str, float]) -> str:
     text = [
         "Common to all: inside a fit each small tensor op and Python call of ours costs more than in a tight "
         f"loop{in_fit} (caches are cold after the backward pass), and every `SpeedupCallback` checks in "
-        f"`on_train_batch_end` whether to log its knobs, through Lightning's `should_update_logs` property "
-        f"chain{check}."
+        f"`on_train_batch_end` whether to log its knobs{check}, reading Lightning's logging cadence from the fit "
+        "loop's counters."
     ]
     if with_callback:
         keyed = [r for r in with_callback if any(cb.state_key_fields() for cb in r["variant"].make())]
