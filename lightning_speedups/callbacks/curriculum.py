@@ -43,6 +43,11 @@ class LossScore:
     samples poorly: the scores are useful when the model starts from pretrained weights, or pass a scorer
     that uses a separate teacher (Hacohen & Weinshall's transfer scoring).
 
+    The scoring batches come from the training dataset through the datamodule's ``collate_fn`` and reach the
+    device with Lightning's ``move_data_to_device``, not through your ``on_before_batch_transfer``,
+    ``transfer_batch_to_device`` or ``on_after_batch_transfer`` hooks (nor any training-batch callback): if your
+    batches need those to become model inputs, do the same inside a scorer of your own.
+
     Args:
         loss: ``loss(output, target, reduction="none") -> (B,)``; cross entropy by default.
         input_key: where the batch keeps the input (see :class:`~lightning_speedups.BatchFields`).
