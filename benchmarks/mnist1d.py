@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `lightning_speedups` importable
     sys.path.insert(0, str(ROOT))
 
+from lightning_speedups._rng import global_rng_kept  # noqa: E402
 from lightning_speedups.data import SpeedupDataModule  # noqa: E402
 from lightning_speedups.demo import PlainClassifier  # noqa: E402
 
@@ -89,12 +89,8 @@ def _generate(seed: int, num_samples: int) -> tuple[Tensor, Tensor, Tensor, Tens
     args = data.get_dataset_args()
     args.seed = int(seed)
     args.num_samples = int(num_samples)
-    np_state, py_state = np.random.get_state(), random.getstate()
-    try:
+    with global_rng_kept():
         ds = data.make_dataset(args)
-    finally:
-        np.random.set_state(np_state)
-        random.setstate(py_state)
 
     def tensors(x: np.ndarray, y: np.ndarray) -> tuple[Tensor, Tensor]:
         return torch.tensor(x, dtype=torch.float32).unsqueeze(1), torch.tensor(y, dtype=torch.long)

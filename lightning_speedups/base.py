@@ -205,12 +205,13 @@ class SpeedupCallback(Callback):
             seam.install(trainer, self)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._state_key_cache = None
-        if self.transforms_batches:
-            seam.uninstall(trainer, self)
+        self._leave_fit(trainer)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         # Lightning skips `teardown` when fit raises: take the seam out here, or the strategy keeps our wrapper
+        self._leave_fit(trainer)
+
+    def _leave_fit(self, trainer: pl.Trainer) -> None:
         self._state_key_cache = None
         if self.transforms_batches:
             seam.uninstall(trainer, self)

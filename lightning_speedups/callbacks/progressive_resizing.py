@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-import random
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 from lightning_speedups import _checks
+from lightning_speedups._rng import global_rng_kept
 from lightning_speedups.base import SpeedupCallback
 from lightning_speedups.batch import BatchFields, BatchGetter, BatchSetter, Key
 from lightning_speedups.functional.batchnorm import (
@@ -47,18 +45,6 @@ if TYPE_CHECKING:
 _MODES = ("resize", "crop", "pipeline")
 _VALIDATION = ("auto", "train_size", "recalibrate", "full")
 _DEFAULT_SCHEDULE = {"initial_scale": 0.5, "delay_fraction": 0.5, "finetune_fraction": 0.2}
-
-
-@contextlib.contextmanager
-def _global_rng_kept() -> Iterator[None]:
-    """Run a block without moving Python's, NumPy's or torch's (CPU and CUDA) global random generators."""
-    py_state, np_state = random.getstate(), np.random.get_state()
-    try:
-        with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []):
-            yield
-    finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
 
 
 def _integer(name: str, value: Any, minimum: int) -> int:
@@ -488,7 +474,7 @@ class ProgressiveResizing(SpeedupCallback):
         was_training = pl_module.training
         pl_module.eval()  # BatchNorm statistics untouched
         try:
-            with torch.no_grad(), _global_rng_kept():
+            with torch.no_grad(), global_rng_kept():
                 self._forward(pl_module, x[:2])
         except Exception as err:
             raise RuntimeError(
@@ -515,7 +501,7 @@ class ProgressiveResizing(SpeedupCallback):
         inputs = []
         # The dataset's random augmentations draw from the main process's global generators here; leave them
         # as they were, so that recalibrating does not change the rest of the run's randomness.
-        with _global_rng_kept():
+        with global_rng_kept():
             for _ in range(self.calibration_batches):
                 indices = rng.choice(n, size=min(n, loader.batch_size or 1), replace=False)
                 batch = loader.collate_fn([base[int(i)] for i in indices])  # plain indices: full size
@@ -531,8 +517,7 @@ class ProgressiveResizing(SpeedupCallback):
             self.log_now(trainer)  # the metrics just logged were taken at this size
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        self._restore()  # a validation that raised must not leave the full-size statistics in the model
-        self._cache.clear()
+        self._release()  # a validation that raised must not leave the full-size statistics in the model
         super().on_exception(trainer, pl_module, exception)
 
     def on_save_checkpoint(
@@ -545,9 +530,13 @@ class ProgressiveResizing(SpeedupCallback):
             state.update((k, v) for k, v in self._snapshot.state_dict_entries(pl_module).items() if k in state)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._release()
+        super().teardown(trainer, pl_module, stage)
+
+    def _release(self) -> None:
+        """The training statistics back in the model, and no batch references kept."""
         self._restore()
         self._cache.clear()
-        super().teardown(trainer, pl_module, stage)
 
     def _restore(self) -> None:
         if self._snapshot is not None:

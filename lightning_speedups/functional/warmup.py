@@ -18,7 +18,6 @@ Conventions, shared by every function here:
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 from numbers import Real
 from typing import Literal
 
@@ -133,7 +132,7 @@ def warmup_length(
     return max(1, round(length)) if warmup > 0 else 0
 
 
-def warmup_factor(step: float | Fraction, warmup_steps: int, scale: float, start: WarmupStart = "unscaled") -> float:
+def warmup_factor(step: float, warmup_steps: int, scale: float, start: WarmupStart = "unscaled") -> float:
     """The multiplier of the scheduled learning rate at update ``step`` (0-based).
 
     It ramps linearly and reaches ``scale`` at update ``warmup_steps``, then stays there. ``step`` may be
