@@ -184,10 +184,13 @@ def test_warmup_in_epochs_and_fractions_counts_optimizer_updates():
     assert cb.warmup_steps == 3
 
 
-def test_gradient_accumulation_scheduler_changes_the_scale_per_epoch():
+@pytest.mark.parametrize("scheduler_first", [True, False])
+def test_gradient_accumulation_scheduler_changes_the_scale_per_epoch(scheduler_first):
+    # the plan is re-read at each epoch's first update, after every callback's epoch start: either order works
     module = WarmupModule("none")
     cb = LinearScalingWarmup(8, warmup=0, warmup_unit="steps")
-    fit(module, [GradientAccumulationScheduler({0: 1, 1: 2}), cb], max_epochs=2)
+    scheduler = GradientAccumulationScheduler({0: 1, 1: 2})
+    fit(module, [scheduler, cb] if scheduler_first else [cb, scheduler], max_epochs=2)
     # epoch 0: 4 updates of 16 samples (x2); epoch 1: 2 updates of 32 samples (x4)
     assert module.used == pytest.approx([LR * 2] * 4 + [LR * 4] * 2)
 

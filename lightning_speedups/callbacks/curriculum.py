@@ -196,9 +196,9 @@ class CurriculumOrdering(SpeedupCallback):
         self._order_seed: int | None = None
         self._plan: SamplingPlan | None = None
         self._fraction = start
-        # (plan, step) of the last batch: the fraction is worked out only when the knobs are read (logging),
-        # as computing it every step cost more than the rest of the callback's per-step work together.
-        self._fraction_at: tuple[SamplingPlan, int] | None = None
+        # (plan, batch index, epoch) of the last batch: its step and fraction are worked out only when the knobs
+        # are read (logging), as computing them every step cost more than the rest of the per-step work.
+        self._fraction_at: tuple[SamplingPlan, int, int] | None = None
 
     @property
     def _who(self) -> str:
@@ -397,14 +397,16 @@ class CurriculumOrdering(SpeedupCallback):
     ) -> None:
         plan = self._plan if self._plan is not None else training_plan(trainer)
         if plan is not None and plan.clock is not None:
-            self._fraction_at = (plan, plan.clock.step_of(batch_idx, trainer.current_epoch))
+            # `trainer.current_epoch`, without its chain of properties
+            self._fraction_at = (plan, batch_idx, trainer.fit_loop.epoch_progress.current.completed)
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     # ------------------------------------------------------------------ logging and state
     def knobs(self) -> dict[str, float]:
         if self._fraction_at is not None:
-            plan, step = self._fraction_at
-            self._fraction, self._fraction_at = plan.pool_fraction(step), None
+            plan, batch_idx, epoch = self._fraction_at
+            assert plan.clock is not None
+            self._fraction, self._fraction_at = plan.pool_fraction(plan.clock.step_of(batch_idx, epoch)), None
         out = {"fraction": float(self._fraction)}
         if self.order is not None:
             out["pool_size"] = float(fs.pool_sizes(np.array([self._fraction]), len(self.order))[0])

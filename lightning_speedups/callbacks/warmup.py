@@ -65,9 +65,10 @@ class LinearScalingWarmup(SpeedupCallback):
     still ends after ``warmup`` epochs when the updates per epoch change mid-warmup (a
     ``GradientAccumulationScheduler``, a reloaded loader with another batch size).
 
-    The per-device batch size is read from the training ``DataLoader`` at every step, so a batch size chosen
-    by Lightning's ``BatchSizeFinder`` (in either callback order), a reloaded loader, a
-    ``GradientAccumulationScheduler`` and the DDP world size are all followed.
+    The per-device batch size is read from the training ``DataLoader`` at the first update of every epoch
+    (where Lightning changes loaders and accumulation), so a batch size chosen by Lightning's
+    ``BatchSizeFinder`` (in either callback order), a reloaded loader, a ``GradientAccumulationScheduler`` and
+    the DDP world size are all followed.
 
     When it helps: training with a larger global batch than the recipe was tuned for (more devices, more
     accumulation, the largest batch that fits) without re-tuning the learning rate; the warmup prevents the
@@ -140,9 +141,11 @@ class LinearScalingWarmup(SpeedupCallback):
         self._updates: list[int] | None = None
         # share of the warmup done, per optimizer (floats: this runs at every step; see `_add_share`)
         self._done: list[float] | None = None
-        self._pending: dict[int, list[Any]] = {}
+        self._pending: dict[int, list[Any] | None] = {}
         self._pending_share: dict[int, float] = {}
         self._plan: _Plan | None = None
+        # the plan's inputs (loader, accumulation) change only between epochs: re-read at an epoch's first update
+        self._plan_stale = True
         self._last_factor: float | None = None
         self._last_lrs: dict[int, list[Any]] = {}
 
@@ -214,9 +217,14 @@ class LinearScalingWarmup(SpeedupCallback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        # Another callback may have swapped the optimizers (the hooks live on the optimizer objects).
-        if [id(o) for o in trainer.optimizers] != [id(o) for o in self._optimizers]:
+        # Another callback may have swapped the optimizers (the hooks live on the optimizer objects). Lists
+        # compare their items by identity first, and optimizers have no `__eq__`: an identity check.
+        if trainer.optimizers != self._optimizers:
             self._register(trainer)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        self._plan_stale = True  # a reloaded loader, a GradientAccumulationScheduler: read at the first update
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._unregister()
@@ -267,21 +275,24 @@ class LinearScalingWarmup(SpeedupCallback):
     # ------------------------------------------------------------------ the step hooks
     def _pre_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
         trainer = self._trainer
-        if trainer is None or not any(cb is self for cb in trainer.callbacks):
+        # `in` compares by identity here (callbacks have no `__eq__`)
+        if trainer is None or self not in trainer.callbacks:
             return  # not our run: a BatchSizeFinder/LR-finder trial runs with other callbacks
         i = self._index(optimizer)
         if i is None:
             return
         self._restore(i)  # a previous update that raised left its learning rates scaled
-        plan = self._refresh_plan(trainer)
+        plan = self._plan if self._plan is not None and not self._plan_stale else self._refresh_plan(trainer)
         factor, share = self._factor(i, plan)
-        saved = []
-        for j, group in enumerate(optimizer.param_groups):
-            lr = group["lr"]
-            saved.append(lr)
-            if self._scales(i, j, group):
-                group["lr"] = lr * factor  # a new object: a tensor lr is replaced, never changed in place
-        self._pending[i] = saved
+        saved: list[Any] | None = None
+        if factor != 1.0:  # a factor of 1 (no scaling, or the reference batch) leaves every group as it is
+            saved = []
+            for j, group in enumerate(optimizer.param_groups):
+                lr = group["lr"]
+                saved.append(lr)
+                if self._scales(i, j, group):
+                    group["lr"] = lr * factor  # a new object: a tensor lr is replaced, never changed in place
+        self._pending[i] = saved  # None: nothing to restore, but `_post_step` still counts the update
         self._pending_share[i] = share
         self._last_factor = factor
         # kept as they are (a tensor lr is read at logging time only: no device sync on every step)
@@ -382,6 +393,7 @@ class LinearScalingWarmup(SpeedupCallback):
         world_size = int(trainer.world_size)
         num_batches = trainer.num_training_batches
         key = (batch_size, accumulate, world_size, num_batches)
+        self._plan_stale = False
         if self._plan is not None and self._plan.key == key:
             return self._plan
         global_batch = global_batch_size(batch_size, accumulate, world_size)
