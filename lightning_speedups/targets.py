@@ -156,7 +156,7 @@ class TargetTransformCallback(SpeedupCallback):
         """In the window, and the per-batch coin with probability ``p`` came up."""
         if self.p == 0.0 or not self.in_window(trainer):
             return False
-        return self.p == 1.0 or bool(self.rng(trainer).random() < self.p)
+        return self.p == 1.0 or self.batch_random(trainer).random() < self.p
 
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

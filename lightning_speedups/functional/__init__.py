@@ -9,6 +9,7 @@ from lightning_speedups.functional.batchnorm import (
 )
 from lightning_speedups.functional.dropout import DropoutSite, disable_dropout, find_dropout, restore_dropout
 from lightning_speedups.functional.mixing import (
+    BatchRandom,
     as_probabilities,
     box_lambda,
     cut_and_paste,
@@ -55,6 +56,7 @@ from lightning_speedups.functional.warmup import (
 
 __all__ = [
     "BatchNormSnapshot",
+    "BatchRandom",
     "DropoutSite",
     "Pacing",
     "ResizePlan",

@@ -9,7 +9,8 @@ Conventions, shared by every function here:
 * the partner of sample ``i`` is ``x[perm[i]]``; ``lam`` is the weight of the sample itself:
   ``mixed = lam * x + (1 - lam) * x[perm]``.
 * nothing is modified in place: a batch may alias a dataset's storage.
-* randomness comes from an explicit ``numpy.random.Generator`` (or an int seed), never from global state.
+* randomness comes from an explicit ``numpy.random.Generator``, a :class:`BatchRandom` (the callbacks' cheap
+  per-batch draws) or an int seed, never from global state.
 """
 
 from __future__ import annotations
@@ -21,14 +22,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
-RandomState = np.random.Generator | int | None
+from lightning_speedups._rng import BatchRandom
+
+RandomState = np.random.Generator | BatchRandom | int | None
 
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
-def _rng(generator: RandomState) -> np.random.Generator:
-    return generator if isinstance(generator, np.random.Generator) else np.random.default_rng(generator)
+def _rng(generator: RandomState) -> np.random.Generator | BatchRandom:
+    if isinstance(generator, np.random.Generator | BatchRandom):
+        return generator
+    return np.random.default_rng(generator)
 
 
 def as_probabilities(target: Tensor, num_classes: int | None = None, dtype: torch.dtype | None = None) -> Tensor:
@@ -79,7 +84,8 @@ def sample_lambda(alpha: float, generator: RandomState = None) -> float:
 
 def sample_permutation(n: int, device: torch.device | str = "cpu", generator: RandomState = None) -> Tensor:
     """A random partner for each of ``n`` samples, as an index tensor on ``device``."""
-    perm = torch.from_numpy(_rng(generator).permutation(n))
+    perm = _rng(generator).permutation(n)
+    perm = perm if isinstance(perm, Tensor) else torch.from_numpy(perm)
     return perm.to(device, non_blocking=True)
 
 
