@@ -140,6 +140,34 @@ def test_smoothed_class_indices_equal_smoothed_one_hot_probabilities(dtype):
     assert torch.allclose(from_indices.sum(1), torch.ones(5))
 
 
+@pytest.mark.parametrize("num_classes", [4, 1100])  # a cached table up to 1024 classes, a scatter beyond
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.uint8])
+def test_one_hot_and_smoothed_rows_by_hand(num_classes, dtype):
+    y = torch.tensor([2, 0, 3, 3, 1], dtype=dtype)
+    expected = torch.zeros(5, num_classes)
+    expected[torch.arange(5), y.long()] = 1.0
+    one_hot = as_probabilities(y, num_classes)
+    assert one_hot.dtype == torch.float32 and torch.equal(one_hot, expected)
+    smoothed = smooth_labels(y, 0.3, num_classes)
+    torch.testing.assert_close(smoothed, expected * 0.7 + 0.3 / num_classes)
+    # outputs are fresh tensors: changing one changes nothing cached
+    one_hot.fill_(7.0)
+    smoothed.fill_(7.0)
+    assert torch.equal(as_probabilities(y, num_classes), expected)
+    torch.testing.assert_close(smooth_labels(y, 0.3, num_classes), expected * 0.7 + 0.3 / num_classes)
+
+
+def test_rows_built_under_inference_mode_serve_a_later_training_step():
+    y = torch.tensor([1, 0])
+    with torch.inference_mode():
+        first = smooth_labels(y, 0.123, num_classes=13)  # builds the cached table here (unique settings)
+    logits = torch.zeros(2, 13, requires_grad=True)
+    again = smooth_labels(y, 0.123, num_classes=13)
+    again.mul_(1.0)  # in place: a fresh tensor, not an inference tensor (nor a view of the cached table)
+    F.cross_entropy(logits, again).backward()
+    assert logits.grad is not None and torch.allclose(first, again)
+
+
 def test_smoothing_commutes_with_mixing():
     y = torch.tensor([0, 1, 2, 1])
     perm = torch.tensor([3, 2, 1, 0])

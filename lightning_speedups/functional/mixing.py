@@ -15,6 +15,7 @@ Conventions, shared by every function here:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -36,6 +37,29 @@ def _rng(generator: RandomState) -> np.random.Generator | BatchRandom:
     return np.random.default_rng(generator)
 
 
+#: up to this many classes, one-hot rows are gathered from a cached (C, C) table (4 MiB of float32 at 1024)
+_TABLE_MAX_CLASSES = 1024
+
+
+@functools.lru_cache(maxsize=16)
+def _class_table(num_classes: int, on: float, off: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    with torch.no_grad():
+        return torch.full((num_classes, num_classes), off, dtype=dtype, device=device).fill_diagonal_(on)
+
+
+def _class_rows(index: Tensor, num_classes: int, on: float, off: float, dtype: torch.dtype) -> Tensor:
+    """``(N, C)`` rows equal to ``off`` except ``on`` at each sample's class: a one-hot, smoothed or not.
+
+    One gather from a cached table (never returned itself: the gather is a new tensor) instead of a fill and a
+    scatter: a third of the time on a small CPU batch, and one kernel instead of two on a GPU.
+    """
+    if num_classes <= _TABLE_MAX_CLASSES:
+        table = _class_table(num_classes, float(on), float(off), dtype, index.device)
+        return table.index_select(0, index if index.dtype in (torch.int64, torch.int32) else index.long())
+    out = torch.full((index.shape[0], num_classes), off, dtype=dtype, device=index.device)
+    return out.scatter_(1, index.long().unsqueeze(1), on)
+
+
 def as_probabilities(target: Tensor, num_classes: int | None = None, dtype: torch.dtype | None = None) -> Tensor:
     """Class indices ``(N,)`` to one-hot ``(N, C)``; probabilities ``(N, C)`` pass through (cast to ``dtype``).
 
@@ -47,8 +71,7 @@ def as_probabilities(target: Tensor, num_classes: int | None = None, dtype: torc
             raise ValueError(f"Integer targets must be class indices of shape (N,), got shape {tuple(target.shape)}.")
         if num_classes is None:
             raise ValueError("Converting class indices to probabilities needs `num_classes`.")
-        out = torch.zeros(target.shape[0], num_classes, dtype=float_dtype, device=target.device)
-        return out.scatter_(1, target.long().unsqueeze(1), 1.0)
+        return _class_rows(target, num_classes, 1.0, 0.0, float_dtype)
     if target.is_floating_point() and target.ndim == 2:
         if num_classes is not None and target.shape[1] != num_classes:
             raise ValueError(f"Probability targets have {target.shape[1]} classes, expected {num_classes}.")
@@ -67,10 +90,9 @@ def smooth_labels(target: Tensor, smoothing: float, num_classes: int | None = No
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"`smoothing` must be in [0, 1), got {smoothing!r}.")
     if target.ndim == 1 and num_classes is not None and target.dtype in _INDEX_DTYPES:
-        # class indices: the smoothed one-hot in one fill and one scatter
+        # class indices: the smoothed one-hot rows, gathered at once
         off = smoothing / num_classes
-        out = torch.full((target.shape[0], num_classes), off, dtype=torch.float32, device=target.device)
-        return out.scatter_(1, target.long().unsqueeze(1), 1.0 - smoothing + off)
+        return _class_rows(target, num_classes, 1.0 - smoothing + off, off, torch.float32)
     probs = as_probabilities(target, num_classes)
     return probs.mul(1.0 - smoothing).add_(smoothing / probs.shape[1])
 
