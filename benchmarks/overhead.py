@@ -26,7 +26,7 @@ is dispatched through Lightning's ``_call_callback_hooks`` to the variant's call
 overrides replaced by no-ops: their time is already ours) and to no callback, interleaved.
 
 Beside the whole-loop figures, ``transform_batch`` (the seam path of MixUp, CutMix, LabelSmoothing,
-ProgressiveResizing), MixUp's per-batch generator (``SpeedupCallback.rng``) and its mixing arithmetic (the
+ProgressiveResizing), MixUp's per-batch draws (``SpeedupCallback.batch_random``) and its mixing arithmetic (the
 functional ``mix``) are timed on their own on the same batch, interleaved, many calls per sample.
 
 Usage::
@@ -87,7 +87,7 @@ DISPATCH_COPIES = 10
 ALONE_CALLS = 200
 DISPATCH_CALLS = 100
 EMPTY = "empty Callback"
-RNG, MIX = "SpeedupCallback.rng (MixUp)", "mix (functional, MixUp's arithmetic)"
+RNG, MIX = "SpeedupCallback.batch_random (MixUp)", "mix (functional, MixUp's arithmetic)"
 
 
 # ---------------------------------------------------------------------------------------------- the task
@@ -584,7 +584,7 @@ def measure_transforms(rounds: int) -> dict[str, float]:
     mixup = callbacks["MixUp (active)"]
     mixup.seed = 0
     perm = torch.randperm(BATCH, generator=g)
-    fns[RNG] = lambda: mixup.rng(trainer)
+    fns[RNG] = lambda: mixup.batch_random(trainer)
     fns[MIX] = lambda: mix(batch[0], batch[1], 0.7, perm, CLASSES)
     return common.interleaved(fns, rounds, warmup=2, number=ALONE_CALLS, seed=2)
 
@@ -879,20 +879,19 @@ WHY: dict[str, str] = {
     "MixUp (active)": (
         "transform_batch: {transform:.0f} µs in the fit ({alone:.0f} µs alone). The mixing arithmetic and the "
         "one-hot targets on this {batch} batch (the functional `mix`) take {mix:.0f} µs alone; the rest is a "
-        "fixed cost per batch: a NumPy generator built from (seed, rank, batch index, class) so that draws are "
-        "reproducible and resumable (`SpeedupCallback.rng`, {rng:.0f} µs alone), the draws, the permutation and "
-        "the batch fields. A cheaper per-batch generator (e.g. NumPy's `Philox` keyed once per fit, with the "
-        "batch index as its counter) would remove most of the generator's share, but changes the random stream "
-        "(a behaviour change, not made here)."
+        "fixed cost per batch: re-seeding the batch's draws from (seed, rank, batch index, class), which makes "
+        "them reproducible and resumable (`SpeedupCallback.batch_random`, {rng:.0f} µs alone), the draws, the "
+        "permutation and the batch fields. Each of these small calls costs several times its tight-loop time "
+        "inside the fit (see below), so the fixed part, not the arithmetic, sets this figure on a small batch."
     ),
     "CutMix (active)": (
-        "transform_batch: {transform:.0f} µs in the fit ({alone:.0f} µs alone): as MixUp's (generator, "
+        "transform_batch: {transform:.0f} µs in the fit ({alone:.0f} µs alone): as MixUp's (draws, "
         "permutation, one-hot, lerp), plus the box draw and a full copy of the batch before pasting (never "
         "in place: a batch may alias the dataset's storage)."
     ),
     "LabelSmoothing (active)": (
-        "transform_batch: {transform:.0f} µs in the fit ({alone:.0f} µs alone): the smoothed targets (a fill "
-        "and a scatter on a {targets} tensor), plus the batch fields; no random draw. "
+        "transform_batch: {transform:.0f} µs in the fit ({alone:.0f} µs alone): the smoothed targets (one "
+        "gather from a cached class table into a {targets} tensor), plus the batch fields; no random draw. "
         "`method='loss'` (a loss module attribute set per step) avoids the tensor ops."
     ),
     "ProgressiveResizing (active)": (
@@ -907,13 +906,12 @@ WHY: dict[str, str] = {
     ),
     "LinearScalingWarmup (inactive)": (
         "Its optimizer step hooks run on every update even with a factor of 1: `_pre_step` ({pre:.0f} µs) "
-        "re-derives the plan (loader batch size, accumulation, world size, batches per epoch), snapshots and "
-        "scales each group's learning rate; `_post_step` ({post:.0f} µs) restores them. Skipping the scaling "
-        "when the factor is exactly 1 would save part of it."
+        "finds the optimizer, works out the factor and, at exactly 1, leaves the groups alone but snapshots "
+        "their learning rates for logging; `_post_step` ({post:.0f} µs) advances the warmup's clock."
     ),
     "LinearScalingWarmup (active)": (
-        "`_pre_step` ({pre:.0f} µs) and `_post_step` ({post:.0f} µs) on every update: the plan check, one "
-        "learning-rate snapshot and restore per param group."
+        "`_pre_step` ({pre:.0f} µs) and `_post_step` ({post:.0f} µs) on every update: the factor, then one "
+        "learning-rate scaling, snapshot and restore per param group, and the warmup's clock."
     ),
 }
 

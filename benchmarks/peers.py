@@ -293,8 +293,8 @@ def unmet_notes(results: dict[str, Any]) -> list[str]:
                     f"- {what} (callback), {label}: {callback * 1e6:,.0f} µs against {best}'s "
                     f"{peers[best] * 1e6:,.0f} µs ({callback / peers[best] - 1:+.1%}). The op itself (functional, "
                     f"{functional * 1e6:,.0f} µs) is faster than every peer; the callback adds "
-                    f"{(callback - functional) * 1e6:,.0f} µs per batch: the per-batch generator seeded by (seed, "
-                    "rank, batch index) that makes its draws reproducible and resumable, reading and rebuilding the "
+                    f"{(callback - functional) * 1e6:,.0f} µs per batch: re-seeding the batch's draws from (seed, "
+                    "rank, batch index), which makes them reproducible and resumable, reading and rebuilding the "
                     "batch, "
                     "and the probability and window checks. A fixed cost per batch: it shows on small batches."
                 )
