@@ -92,6 +92,18 @@ def test_knobs_are_logged():
     assert h["curriculum/pool_size"][0][1] == 20
 
 
+def test_knobs_follow_the_factors_and_hand_out_copies():
+    rfs = RepeatFactorSampling(threshold=0.1, log_top_k=0)
+    fit([rfs], max_epochs=1)
+    first = rfs.knobs()
+    assert first["max_factor"] == pytest.approx(math.sqrt(8))
+    first["max_factor"] = -1.0  # the caller's copy: the next reading is unchanged
+    assert rfs.knobs()["max_factor"] == pytest.approx(math.sqrt(8))
+    rfs.factors = np.array([1.0, 2.0, 4.0, 1.0])  # new factors (a new fit): new knobs
+    assert rfs.knobs()["max_factor"] == 4.0 and rfs.knobs()["expected_epoch_length"] == 8.0
+    assert rfs.knobs()["repeated_fraction"] == 0.5
+
+
 # ---------------------------------------------------------------------------------------------- curricula
 
 

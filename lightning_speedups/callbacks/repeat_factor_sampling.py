@@ -207,6 +207,10 @@ class RepeatFactorSampling(SpeedupCallback):
     def knobs(self) -> dict[str, float]:
         if self.factors is None:
             return {}
+        cached = self.__dict__.get("_knobs_cache")
+        if cached is not None and cached[0] is self.factors:
+            return dict(cached[1])
+        # fixed while the factors are: worked out once, not at every logging step (O(dataset) each time)
         out = {
             "expected_epoch_length": float(self.factors.sum()),
             "epoch_length": float(self.epoch_length),
@@ -216,7 +220,8 @@ class RepeatFactorSampling(SpeedupCallback):
         if self.log_top_k:
             top = np.argsort(-self._class_factors, kind="stable")[: self.log_top_k]
             out.update({f"class_factor/{int(self._class_ids[i])}": float(self._class_factors[i]) for i in top})
-        return out
+        self._knobs_cache = (self.factors, out)
+        return dict(out)
 
     def largest_class_factors(self, k: int = 5) -> dict[int, float]:
         """The ``k`` largest class repeat factors, ``{class id: r(c)}``."""
