@@ -134,6 +134,10 @@ class SpeedupCallback(Callback):
         # on_train_batch_start it is the 0-based index of the current batch; resume restores it.
         return int(trainer.fit_loop.epoch_loop.batch_progress.total.started)
 
+    def _seed_or_process_seed(self) -> int:
+        """``seed``, or before ``setup`` fixes it, the process seed (what ``seed_everything`` set)."""
+        return self.seed if self.seed is not None else torch.initial_seed() % 2**63
+
     def _salt(self) -> int:
         salt = self.__dict__.get("_salt_cache")
         if salt is None:
@@ -150,15 +154,15 @@ class SpeedupCallback(Callback):
         random = self.__dict__.get("_batch_random")
         if random is None:
             random = self._batch_random = BatchRandom()
-        seed = self.seed if self.seed is not None else torch.initial_seed() % 2**63
-        return random.reseed(batch_key(seed, trainer.global_rank, self._batch_index(trainer), self._salt()))
+        key = batch_key(self._seed_or_process_seed(), trainer.global_rank, self._batch_index(trainer), self._salt())
+        return random.reseed(key)
 
     def rng(self, trainer: pl.Trainer) -> np.random.Generator:
         """A NumPy generator for the current batch, seeded by (seed, rank, batch index, callback class).
 
         For distributions that :meth:`batch_random` lacks; building it costs tens of µs per call.
         """
-        seed = self.seed if self.seed is not None else torch.initial_seed() % 2**63
+        seed = self._seed_or_process_seed()
         return np.random.default_rng([seed, trainer.global_rank, self._batch_index(trainer), self._salt()])
 
     def torch_generator(self, trainer: pl.Trainer) -> torch.Generator:
@@ -215,8 +219,7 @@ class SpeedupCallback(Callback):
             return
         self._state_key_cache = None
         self._state_key_cache = self.state_key
-        if self.seed is None:
-            self.seed = torch.initial_seed() % 2**63
+        self.seed = self._seed_or_process_seed()
         if self.transforms_batches:
             if is_param_in_hook_signature(pl_module.training_step, "dataloader_iter", explicit=True):
                 raise RuntimeError(
