@@ -330,6 +330,11 @@ def training_plan(trainer: pl.Trainer) -> SamplingPlan | None:
         getattr(loader, "sampler", None),
         getattr(getattr(loader, "batch_sampler", None), "sampler", None),
     ):
+        # Samplers that wrap ours (the pipeline mode's ResolutionSampler) keep it as `.sampler`.
+        for _ in range(4):
+            if candidate is None or isinstance(candidate, EpochListSampler):
+                break
+            candidate = candidate.__dict__.get("sampler")
         if isinstance(candidate, EpochListSampler):
             return candidate.plan
     return None

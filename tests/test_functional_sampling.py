@@ -40,6 +40,18 @@ def test_label_formats_agree():
     np.testing.assert_allclose(fs.repeat_factors(multi_hot, 0.5), expected)
     # sparse, large class ids give the same factors as their compact equivalents
     np.testing.assert_allclose(fs.repeat_factors(ids * 10**9, 0.5), expected)
+
+    class Series:  # an array-like that is not a Sequence (pandas, polars)
+        def __init__(self, values):
+            self.values = values
+
+        def __len__(self):
+            return len(self.values)
+
+        def __array__(self, dtype=None, copy=None):
+            return np.asarray(self.values, dtype=dtype)
+
+    np.testing.assert_allclose(fs.repeat_factors(Series(ids), 0.5), expected)
     # samples without labels get 1 and count in the denominator of f(c)
     r = fs.repeat_factors([[], [1], [], []], threshold=1.0)
     np.testing.assert_allclose(r, [1.0, 2.0, 1.0, 1.0])
@@ -72,6 +84,7 @@ def test_an_integer_column_is_class_ids_and_a_boolean_or_float_column_is_one_cla
         ([[0], [-3]], "must be >= 0"),
         (np.array([0.5, 1.0]), "must be integers"),
         ([[0], ["cat"]], "must be integers"),
+        (["cat", "dog", "cat"], r"must be integers, got dtype <U3 \(e.g. class names\)"),
         (np.array([[0, 2], [1, 1]]), "multi-hot"),
         (np.array([[0.0], [2.0]]), r"multi-hot.*integer column \(N, 1\) of class ids"),
         ([], "empty"),
@@ -209,6 +222,8 @@ def test_difficulty_order_ties_tasks_and_anti():
     assert sorted(fs.difficulty_order(None, tasks=tasks, task_order=[7, 2])[:2].tolist()) == [2, 3]
     with pytest.raises(ValueError, match=r"does not list the tasks \[7\]"):
         fs.difficulty_order(d, tasks=tasks, task_order=[2])
+    with pytest.raises(ValueError, match=r"lists the tasks \[7\] more than once"):
+        fs.difficulty_order(d, tasks=tasks, task_order=[7, 2, 7])
 
 
 def test_curriculum_epoch_draws_from_the_pool_of_each_batch():

@@ -12,7 +12,14 @@ from lightning.pytorch import seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
-from lightning_speedups import CurriculumOrdering, LossScore, RepeatFactorSampling, SpeedupDataModule
+from lightning_speedups import (
+    CurriculumOrdering,
+    LossScore,
+    ProgressiveResizing,
+    RepeatFactorSampling,
+    ScheduledResize,
+    SpeedupDataModule,
+)
 from lightning_speedups.functional import sampling as fs
 from lightning_speedups.samplers import EpochListSampler
 from tests.helpers import IndexedImages, MemoryLogger, trainer
@@ -166,6 +173,24 @@ def test_loss_scorer_orders_by_the_initial_per_sample_loss():
     assert cur.state_dict()["scores"].shape == (80,)
 
 
+def test_a_second_fit_scores_its_own_model():
+    seed_everything(0)
+    cur = CurriculumOrdering("fixed_exponential", difficulty=LossScore(), start_fraction=0.1, step_length=1000)
+    fit([cur], model=IndexModel(80), max_epochs=1)
+    first = cur.scores.copy()
+    seed_everything(1)
+    second_model = IndexModel(80)
+    initial = copy.deepcopy(second_model)
+    fit([cur], model=second_model, max_epochs=1)
+    dm = IndexDM(80)
+    dm.setup("fit")
+    x, y = dm.train_dataset.tensors
+    with torch.no_grad():
+        loss = F.cross_entropy(initial(x), y, reduction="none").numpy()
+    np.testing.assert_allclose(cur.scores, loss, rtol=1e-6)
+    assert not np.allclose(cur.scores, first)
+
+
 def test_composed_repeat_factors_and_curriculum():
     seed_everything(5)
     rfs = RepeatFactorSampling(threshold=0.1)
@@ -185,6 +210,51 @@ def test_composed_repeat_factors_and_curriculum():
     r = fs.repeat_factors(long_tail(80), threshold=0.1)
     assert seen[3] == fs.repeat_factor_epoch(r, seed=5, epoch=3).tolist()
     # that the rare classes are oversampled within the pool while paced: the next test
+
+
+class SizedIndexDM(IndexDM):
+    """IndexDM whose samples are 8 x 8 images of their index, through the pipeline mode's transform."""
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        x, y = self.train_dataset.tensors
+        self.train_dataset, self.train_labels = _ResizedIndices(x[:, 0], y), y.numpy()
+
+
+class _ResizedIndices(torch.utils.data.Dataset):
+    def __init__(self, x, y):
+        self.x, self.y, self.resize = x, y, ScheduledResize(8)
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.resize(self.x[i].expand(1, 8, 8)), self.y[i]
+
+
+class SizedIndexModel(IndexModel):
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.sizes.append(x.shape[-1])
+        return super().training_step((x[:, :, 0, 0], y), batch_idx)
+
+    def on_fit_start(self):
+        self.sizes = []
+
+
+def test_samplers_compose_with_pipeline_resizing():
+    # the pipeline mode wraps the training sampler; the sampling callbacks must still find and drive it
+    def run(pipeline):
+        seed_everything(5)
+        callbacks = [RepeatFactorSampling(threshold=0.1), CurriculumOrdering("linear", start_fraction=0.1, full_at=0.5)]
+        if pipeline:
+            callbacks.append(ProgressiveResizing(mode="pipeline", initial_scale=0.5, size_increment=2))
+        model, _ = fit(callbacks, max_epochs=3, model=SizedIndexModel(80), dm=SizedIndexDM(80))
+        return model
+
+    plain, resized = run(False), run(True)
+    assert resized.seen == plain.seen  # the same epochs, paced and repeated alike
+    assert set(plain.sizes) == {8} and resized.sizes[0] == 4 and resized.sizes[-1] == 8
 
 
 def test_the_rare_classes_are_oversampled_within_the_curriculum_pool():
@@ -298,6 +368,7 @@ def test_resume_draws_what_the_uninterrupted_run_draws(tmp_path, saved, step):
         (lambda: CurriculumOrdering(step_length=0), ValueError, "`step_length` must be >= 1"),
         (lambda: CurriculumOrdering(difficulty="easy"), TypeError, "`difficulty` must be an array"),
         (lambda: CurriculumOrdering(task_order="abc"), TypeError, "`task_order` must be a sequence of task ids"),
+        (lambda: CurriculumOrdering(task_order=[1, 0, 1]), ValueError, r"`task_order` must list each task once"),
     ],
 )
 def test_bad_arguments_fail_at_construction(make, error, match):

@@ -190,6 +190,8 @@ class CurriculumOrdering(SpeedupCallback):
         ):
             raise TypeError(f"`task_order` must be a sequence of task ids (ints), easiest first; got {task_order!r}.")
         self.task_order = None if task_order is None else [int(t) for t in task_order]
+        if self.task_order is not None and len(set(self.task_order)) != len(self.task_order):
+            raise ValueError(f"`task_order` must list each task once, got {self.task_order}.")
         self._fixed_seed = self.seed
         self.scores: np.ndarray | None = None  # from a scorer; saved in checkpoints
         self.order: np.ndarray | None = None
@@ -354,7 +356,8 @@ class CurriculumOrdering(SpeedupCallback):
         if stage != "fit":
             return
         datamodule = require_speedup_datamodule(trainer, self._who)
-        self.order = None
+        # A new fit scores the model it starts from; a resumed one gets its saved scores back after setup.
+        self.order, self.scores = None, None
         if not self.uses_scorer:  # bad scores fail here, before training; a scorer runs at fit start
             self.compute_order(datamodule, datamodule.get_train_dataset(), datamodule_seed(datamodule))
         if self.pacing.needs_total_steps and trainer.max_steps == -1 and trainer.max_epochs in (None, -1):

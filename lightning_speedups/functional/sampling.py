@@ -121,6 +121,8 @@ def _as_array(labels: Any) -> np.ndarray | None:
         if len(labels) == 0:
             return np.zeros(0, dtype=np.int64)
         return arr if arr.ndim == 1 and arr.dtype != object else None
+    if hasattr(labels, "__array__"):  # pandas / polars series and other array-likes
+        return np.asarray(labels)
     raise TypeError(f"Labels must be an array, a tensor or a sequence, got {type(labels).__name__}.")
 
 
@@ -146,6 +148,11 @@ def _class_ids(values: np.ndarray) -> np.ndarray:
         if bad is not None:
             raise ValueError(f"Class ids must be integers, got {bad!r}.")
         values = values.astype(np.int64)
+    elif not np.issubdtype(values.dtype, np.number) and not np.issubdtype(values.dtype, np.bool_):
+        raise ValueError(
+            f"Class ids must be integers, got dtype {values.dtype} (e.g. class names): map them to ids first, "
+            "e.g. `np.unique(labels, return_inverse=True)[1]`."
+        )
     elif not np.issubdtype(values.dtype, np.integer):
         if np.issubdtype(values.dtype, np.bool_) or not np.all(np.mod(values, 1) == 0):
             raise ValueError(f"Class ids must be integers, got dtype {values.dtype}.")
@@ -393,6 +400,9 @@ def task_ranks(
         position[np.argsort(mean, kind="stable")] = np.arange(len(ids))
         return position[inverse]
     order = list(task_order)
+    repeated = sorted({t for t in order if order.count(t) > 1})
+    if repeated:
+        raise ValueError(f"`task_order` {order} lists the tasks {repeated} more than once: give each task once.")
     missing = sorted(set(ids.tolist()) - set(order))
     if missing:
         raise ValueError(f"`task_order` {order} does not list the tasks {missing} that some samples have.")
