@@ -98,6 +98,7 @@ class SpeedupCallback(Callback):
     def __init__(self, *, seed: int | None = None, log_knobs: bool = True) -> None:
         super().__init__()
         self.seed = optional_int("seed", seed, minimum=0)
+        self._given_seed = self.seed  # the user's choice; `seed` itself is filled in at each fit
         self.log_knobs = bool(log_knobs)
         self._total_steps: float | None = None
 
@@ -219,6 +220,8 @@ class SpeedupCallback(Callback):
             return
         self._state_key_cache = None
         self._state_key_cache = self.state_key
+        # each fit takes the process seed anew (unless one was given); a resume then restores the saved one
+        self.seed = self._given_seed
         self.seed = self._seed_or_process_seed()
         if self.transforms_batches:
             if is_param_in_hook_signature(pl_module.training_step, "dataloader_iter", explicit=True):

@@ -14,14 +14,17 @@ working. Some set-ups cannot take them, and we say so at fit start rather than c
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from lightning_speedups import _checks
 from lightning_speedups.base import SpeedupCallback
-from lightning_speedups.batch import BatchFields, BatchGetter, BatchSetter, Key
+from lightning_speedups.batch import BatchFields, BatchGetter, BatchSetter, Key, _write
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -48,18 +51,19 @@ def infer_num_classes(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int
         if obj is None:
             continue
         value = obj.get("num_classes") if isinstance(obj, dict) else getattr(obj, "num_classes", None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
-            return value
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_) and value > 1:
+            return int(value)
     return None
+
+
+def _is_timm_smoothing_loss(m: nn.Module) -> bool:
+    # timm's LabelSmoothingCrossEntropy: integer targets only, smoothing in `smoothing` and `confidence`
+    return not isinstance(m, nn.CrossEntropyLoss) and hasattr(m, "smoothing") and hasattr(m, "confidence")
 
 
 def cross_entropy_modules(pl_module: nn.Module) -> list[nn.Module]:
     """``nn.CrossEntropyLoss`` submodules, and timm-style ones (``smoothing`` + ``confidence`` attributes)."""
-    return [
-        m
-        for m in pl_module.modules()
-        if isinstance(m, nn.CrossEntropyLoss) or (hasattr(m, "smoothing") and hasattr(m, "confidence"))
-    ]
+    return [m for m in pl_module.modules() if isinstance(m, nn.CrossEntropyLoss) or _is_timm_smoothing_loss(m)]
 
 
 def check_soft_target_losses(pl_module: nn.Module, who: str, *, smoothing_in_targets: bool) -> None:
@@ -71,6 +75,12 @@ def check_soft_target_losses(pl_module: nn.Module, who: str, *, smoothing_in_tar
                 f"{who} gives class probabilities as targets, but {where} is an `nn.NLLLoss`, which needs "
                 "class indices. Use `nn.CrossEntropyLoss` on logits (it takes probabilities), or pass "
                 "`check_loss=False` if this loss is not used in `training_step`."
+            )
+        if _is_timm_smoothing_loss(m):
+            raise ValueError(
+                f"{who} gives class probabilities as targets, but {where} is a `{type(m).__name__}`, which needs "
+                "class indices. Use `nn.CrossEntropyLoss` (it takes probabilities; timm's `SoftTargetCrossEntropy` "
+                "does too), or pass `check_loss=False` if this loss is not used in `training_step`."
             )
         if isinstance(m, nn.CrossEntropyLoss) and m.ignore_index >= 0:
             raise ValueError(
@@ -85,6 +95,14 @@ def check_soft_target_losses(pl_module: nn.Module, who: str, *, smoothing_in_tar
                 f"{m.label_smoothing}`: targets would be smoothed twice. Set one of them only (e.g. "
                 "`LabelSmoothing(method='loss')` to let the loss smooth)."
             )
+
+
+def _out_of_range(who: str, num_classes: int, low: int, high: int) -> ValueError:
+    hint = " (negative labels usually mean `ignore_index`, which soft targets cannot keep)" if low < 0 else ""
+    return ValueError(
+        f"{who}: class indices must lie in [0, {num_classes}), found values in [{low}, {high}]{hint}. Fix "
+        "`num_classes` or the labels."
+    )
 
 
 class TargetTransformCallback(SpeedupCallback):
@@ -133,6 +151,7 @@ class TargetTransformCallback(SpeedupCallback):
         self.p = _checks.probability("p", p)
         self.start, self.end = _checks.window(start, end)
         self.num_classes = _checks.optional_int("num_classes", num_classes, minimum=2)
+        self._classes: int | None = self.num_classes  # the number in use: given, or inferred at each fit
         self.fields = BatchFields(input_key, target_key, batch_getter, batch_setter)
         if hard_target_key is not None and not isinstance(hard_target_key, str):
             raise TypeError(f"`hard_target_key` must be a str key of a dict batch, got {hard_target_key!r}.")
@@ -163,8 +182,9 @@ class TargetTransformCallback(SpeedupCallback):
         super().setup(trainer, pl_module, stage)
         if stage != "fit":
             return
-        if self.num_classes is None:
-            self.num_classes = infer_num_classes(trainer, pl_module)
+        self._classes = self.num_classes if self.num_classes is not None else infer_num_classes(trainer, pl_module)
+        if self.hard_target_key is not None and self.transforms_batches:
+            self._check_hard_target_order(trainer)
         if self.check_loss:
             self.check_module(pl_module)
         self._checked_first_batch = False
@@ -172,6 +192,24 @@ class TargetTransformCallback(SpeedupCallback):
     def check_module(self, pl_module: pl.LightningModule) -> None:
         """Fit-start check of the module's losses; override to add technique-specific ones."""
         check_soft_target_losses(pl_module, type(self).__name__, smoothing_in_targets=False)
+
+    def _check_hard_target_order(self, trainer: pl.Trainer) -> None:
+        # Batch transforms run in callback order: an earlier one that changes the targets without keeping them
+        # would leave this callback only its (soft) output to keep under `hard_target_key`.
+        for cb in trainer.callbacks:
+            if cb is self:
+                return
+            if (
+                isinstance(cb, TargetTransformCallback)
+                and cb.transforms_batches
+                and (cb.hard_target_key != self.hard_target_key)
+            ):
+                raise ValueError(
+                    f"{type(self).__name__}(hard_target_key={self.hard_target_key!r}) runs after "
+                    f"{type(cb).__name__}, which changes the targets first, so the kept targets would not be the "
+                    f"original ones. Pass `hard_target_key={self.hard_target_key!r}` to {type(cb).__name__} (the "
+                    "first of them) instead."
+                )
 
     def transform_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
         if not self._checked_first_batch:
@@ -183,8 +221,16 @@ class TargetTransformCallback(SpeedupCallback):
             self._applied = 0.0
             return batch
         x, target = self._read(batch)
-        num_classes = self.num_classes or target.shape[1]
-        new_x, new_target = self.apply(x, target, num_classes, trainer)
+        num_classes = self._classes or target.shape[1]
+        try:
+            new_x, new_target = self.apply(x, target, num_classes, trainer)
+        except (IndexError, RuntimeError) as err:  # a later batch with a label out of range (CPU; CUDA asserts)
+            if target.is_floating_point() or not target.numel():
+                raise
+            low, high = int(target.min()), int(target.max())
+            if low >= 0 and high < num_classes:
+                raise
+            raise _out_of_range(type(self).__name__, num_classes, low, high) from err
         self._applied = 1.0
         return self.fields.replace(batch, input=new_x if self.mixes_inputs else None, target=new_target)
 
@@ -196,14 +242,14 @@ class TargetTransformCallback(SpeedupCallback):
         return None, self.fields.get_target(batch)
 
     def _keep_hard_target(self, batch: Any) -> Any:
-        if not isinstance(batch, dict):
+        if not isinstance(batch, Mapping):
             raise TypeError(
                 f"`hard_target_key` needs a dict batch, got {type(batch).__name__}. Use "
                 "`lightning_speedups.hard_labels(y)` in `training_step` instead."
             )
         if self.hard_target_key in batch:
             return batch
-        return {**batch, self.hard_target_key: self.fields.get_target(batch)}
+        return _write(batch, {self.hard_target_key: self.fields.get_target(batch)})  # keeps the mapping's type
 
     # ------------------------------------------------------------------ first-batch checks
     def _check_batch(self, batch: Any) -> None:
@@ -242,19 +288,15 @@ class TargetTransformCallback(SpeedupCallback):
             self._check_indices(target, who)
 
     def _check_indices(self, target: Tensor, who: str) -> None:
-        if self.num_classes is None:
+        if self._classes is None:
             raise ValueError(
                 f"{who} could not infer the number of classes: pass `num_classes=`, or set `num_classes` on "
                 "the LightningModule (or its hparams) or the DataModule."
             )
         if target.numel():
             low, high = int(target.min()), int(target.max())
-            if low < 0 or high >= self.num_classes:
-                hint = " (negative labels usually mean `ignore_index`, which soft targets cannot keep)"
-                raise ValueError(
-                    f"{who}: class indices must lie in [0, {self.num_classes}), found values in [{low}, {high}]"
-                    f"{hint if low < 0 else ''}. Fix `num_classes` or the labels."
-                )
+            if low < 0 or high >= self._classes:
+                raise _out_of_range(who, self._classes, low, high)
 
     def _check_probabilities(self, target: Tensor, who: str) -> None:
         if target.ndim != 2:
@@ -262,8 +304,8 @@ class TargetTransformCallback(SpeedupCallback):
                 f"{who}: floating-point targets must be class probabilities of shape (N, C), got shape "
                 f"{tuple(target.shape)}. Regression or dense targets cannot be mixed or smoothed."
             )
-        if self.num_classes is not None and target.shape[1] != self.num_classes:
-            raise ValueError(f"{who}: targets have {target.shape[1]} classes but `num_classes` is {self.num_classes}.")
+        if self._classes is not None and target.shape[1] != self._classes:
+            raise ValueError(f"{who}: targets have {target.shape[1]} classes but `num_classes` is {self._classes}.")
         t = target.detach().float()
         if t.numel() and (bool((t < 0).any()) or bool((t > 1).any())):
             raise ValueError(f"{who}: probability targets must lie in [0, 1]; these do not (logits?).")
@@ -274,8 +316,8 @@ class TargetTransformCallback(SpeedupCallback):
                 "mixed (and smoothed) as given, per class, which suits multi-label targets with a "
                 "binary cross entropy; cross entropy over classes expects rows that sum to 1."
             )
-        if self.num_classes is None:
-            self.num_classes = int(target.shape[1])
+        if self._classes is None:
+            self._classes = int(target.shape[1])
 
     # ------------------------------------------------------------------ knobs and state
     def state_key_fields(self) -> dict[str, Any]:

@@ -35,6 +35,21 @@ def test_mix_equals_convex_combination_by_hand():
     assert torch.allclose(my[1], torch.tensor([0.75, 0.0, 0.25]))
 
 
+def test_mix_and_cutmix_keep_the_memory_layout():
+    x = torch.rand(4, 3, 6, 6)
+    y = torch.tensor([0, 1, 2, 0])
+    perm = torch.tensor([1, 2, 3, 0])
+    for layout in (torch.contiguous_format, torch.channels_last):
+        xl = x.contiguous(memory_format=layout)
+        mx, _ = mix(xl, y, 0.3, perm, num_classes=3)
+        assert mx.is_contiguous(memory_format=layout)
+        assert torch.allclose(mx, 0.3 * x + 0.7 * x[perm])
+        cx, _, _ = cut_and_paste(xl, y, (slice(1, 4), slice(2, 5)), perm, 3)
+        assert cx.is_contiguous(memory_format=layout)
+    transposed = x.transpose(2, 3)  # not dense in any standard layout: still mixed right
+    assert torch.allclose(mix(transposed, y, 0.3, perm, 3)[0], 0.3 * transposed + 0.7 * transposed[perm])
+
+
 def test_mixup_batch_matches_drawn_lambda_and_partner():
     x, y = torch.randn(8, 3, 4, 4), torch.randint(0, 5, (8,))
     mx, my, lam, perm = mixup_batch(x, y, alpha=0.4, num_classes=5, generator=3)

@@ -333,3 +333,105 @@ def test_user_smoothing_in_the_loss_with_mixup_is_fine():
     model.criterion = nn.CrossEntropyLoss(label_smoothing=0.1)
     trainer(callbacks=[MixUp()], max_steps=2).fit(model, loaders()[0])
     assert model.train_eps == [0.1, 0.1]
+
+
+# ---------------------------------------------------------------------------------------------- edge cases
+def test_loss_mode_restores_when_the_module_skips_the_rest_of_an_epoch():
+    # a module's on_train_batch_start returning -1 makes Lightning skip on_train_batch_end
+    class SkipsLate(CriterionProbe):
+        def on_train_batch_start(self, batch, batch_idx):
+            return -1 if batch_idx == 2 else None
+
+    model = SkipsLate()
+    trainer(callbacks=[LabelSmoothing(0.3, method="loss")], max_epochs=2).fit(model, *loaders("list"))
+    assert model.train_eps == [0.3] * 4
+    assert model.criterion.label_smoothing == 0.0  # was left at 0.3 for validation and after fit
+
+
+def test_a_second_fit_infers_its_own_classes_and_seed():
+    from lightning.pytorch import seed_everything
+
+    mixup = MixUp(alpha=1.0)
+    seed_everything(1)
+    wider = RecordingModule(num_classes=C + 2)
+    wider.net.fc = nn.Linear(wider.net.fc.in_features, C + 2)
+    trainer(callbacks=[mixup], max_steps=1).fit(wider, loaders()[0])
+    assert wider.train_batches[0][1].shape == (16, C + 2)
+    first_seed = mixup.seed
+    seed_everything(2)
+    model = RecordingModule()  # NUM_CLASSES classes now
+    trainer(callbacks=[mixup], max_steps=1).fit(model, loaders()[0])
+    assert model.train_batches[0][1].shape == (16, C)
+    assert mixup.num_classes is None and mixup.seed != first_seed
+
+
+def test_num_classes_inferred_from_a_numpy_integer():
+    import numpy as np
+
+    model = RecordingModule(num_classes=None)
+    model.num_classes = np.int64(C)
+    trainer(callbacks=[MixUp()], max_steps=1).fit(model, loaders()[0])
+    assert model.train_batches[0][1].shape == (16, C)
+
+
+def test_a_label_out_of_range_in_a_later_batch_gets_the_clear_message():
+    x, y = image_tensors(32)
+    y[20] = C  # second batch
+    for cb in (MixUp(), LabelSmoothing()):
+        with pytest.raises(ValueError, match=rf"class indices must lie in \[0, {C}\), found values in \[0, {C}\]"):
+            trainer(callbacks=[cb], max_epochs=1).fit(RecordingModule(), DataLoader(TensorDataset(x, y), batch_size=16))
+
+
+class KeepsHard(RecordingModule):
+    """Records the batch's type and its kept labels, then trains on it as a plain dict."""
+
+    def __init__(self):
+        super().__init__()
+        self.kept = []
+
+    def training_step(self, batch, batch_idx):
+        self.kept.append((type(batch), batch["hard"]))
+        return super().training_step(dict(batch), batch_idx)
+
+
+def collate_as(mapping_type):
+    def collate(samples):
+        x, y = (torch.stack(column) for column in zip(*samples, strict=True))
+        return mapping_type(image=x, label=y)
+
+    return collate
+
+
+def test_hard_target_key_keeps_the_mapping_type_and_must_come_first():
+    from collections import OrderedDict, UserDict
+
+    x, y = image_tensors(32)
+    for mapping_type in (OrderedDict, UserDict):
+        model = KeepsHard()
+        train = DataLoader(TensorDataset(x, y), batch_size=16, collate_fn=collate_as(mapping_type))
+        trainer(callbacks=[MixUp(hard_target_key="hard")], max_epochs=1).fit(model, train)
+        assert [t for t, _ in model.kept] == [mapping_type, mapping_type]
+        assert torch.equal(model.kept[0][1], y[:16])
+    # a callback that changes the targets before the one that keeps them: refused at fit start
+    fit_expecting(
+        [MixUp(), LabelSmoothing(hard_target_key="hard")],
+        r"runs after MixUp, which changes the targets first.*Pass `hard_target_key='hard'` to MixUp",
+        train=loaders("dict")[0],
+    )
+
+
+def test_timm_label_smoothing_loss():
+    timm_loss = pytest.importorskip("timm.loss")
+    fit_expecting(
+        [MixUp()],
+        "LabelSmoothingCrossEntropy`, which needs class indices",
+        model=WithLoss(timm_loss.LabelSmoothingCrossEntropy(0.1)),
+    )
+    fit_expecting(
+        [LabelSmoothing(method="loss")],
+        "already has `label_smoothing=0.1`",
+        model=WithLoss(timm_loss.LabelSmoothingCrossEntropy(0.1)),
+    )
+    model = WithLoss(timm_loss.LabelSmoothingCrossEntropy(0.0))
+    trainer(callbacks=[LabelSmoothing(0.2, method="loss")], max_steps=1).fit(model, loaders()[0])
+    assert model.criterion.smoothing == 0.0  # restored after the step

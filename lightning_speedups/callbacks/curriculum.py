@@ -192,7 +192,6 @@ class CurriculumOrdering(SpeedupCallback):
         self.task_order = None if task_order is None else [int(t) for t in task_order]
         if self.task_order is not None and len(set(self.task_order)) != len(self.task_order):
             raise ValueError(f"`task_order` must list each task once, got {self.task_order}.")
-        self._fixed_seed = self.seed
         self.scores: np.ndarray | None = None  # from a scorer; saved in checkpoints
         self.order: np.ndarray | None = None
         self._order_seed: int | None = None
@@ -258,7 +257,7 @@ class CurriculumOrdering(SpeedupCallback):
 
         Equal difficulties are ordered at random by ``seed`` (the callback's own seed, if it has one).
         """
-        seed = self._fixed_seed if self._fixed_seed is not None else seed
+        seed = self._given_seed if self._given_seed is not None else seed
         size = len(dataset)  # type: ignore[arg-type]
         if size == 0:
             raise ValueError(f"{self._who}: the training dataset is empty.")
@@ -328,7 +327,7 @@ class CurriculumOrdering(SpeedupCallback):
         self, plan: SamplingPlan, datamodule: SpeedupDataModule, dataset: Dataset, *, seed: int
     ) -> None:
         """Add the order and the pacing to ``plan`` (how the callback composes with others)."""
-        seed = self._fixed_seed if self._fixed_seed is not None else seed
+        seed = self._given_seed if self._given_seed is not None else seed
         if self.order is None or len(self.order) != len(dataset) or self._order_seed != seed:  # type: ignore[arg-type]
             self.compute_order(datamodule, dataset, seed)
         assert self.order is not None

@@ -92,7 +92,7 @@ class LabelSmoothing(TargetTransformCallback):
                 "which works with F.cross_entropy."
             )
         for loss in self._losses:
-            already = getattr(loss, "label_smoothing", 0.0) or 0.0
+            already = getattr(loss, "label_smoothing", getattr(loss, "smoothing", 0.0)) or 0.0
             if already > 0:
                 raise ValueError(
                     f"LabelSmoothing(method='loss'): the loss already has `label_smoothing={already}`; "
@@ -105,9 +105,10 @@ class LabelSmoothing(TargetTransformCallback):
     ) -> None:
         if self.method != "loss":
             return
+        # Lightning skips on_train_batch_end when the module's on_train_batch_start returns -1: undo here too
+        self._restore()
         self._current = self.smoothing if self.draw_active(trainer) else 0.0
         self._applied = float(self._current > 0)
-        self._saved = []
         for loss in self._losses:
             if isinstance(loss, nn.CrossEntropyLoss):
                 self._saved.append((loss, {"label_smoothing": loss.label_smoothing}))
@@ -127,6 +128,14 @@ class LabelSmoothing(TargetTransformCallback):
     ) -> None:
         self._restore()
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore()
+        super().on_train_epoch_end(trainer, pl_module)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore()  # validation mid-epoch (val_check_interval) after a batch whose end hook was skipped
+        super().on_validation_start(trainer, pl_module)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._restore()

@@ -100,7 +100,6 @@ class RepeatFactorSampling(SpeedupCallback):
         self.labels = labels
         self.sqrt = bool(sqrt)
         self.log_top_k = _checks.optional_int("log_top_k", log_top_k, minimum=0)
-        self._fixed_seed = self.seed  # the user's seed; `self.seed` is filled per process at setup
         self.factors: np.ndarray | None = None
         self.epoch_length = 0
         self._class_ids = np.zeros(0, dtype=np.int64)
@@ -171,7 +170,7 @@ class RepeatFactorSampling(SpeedupCallback):
         assert self.factors is not None
         plan.add_repeat_factors(
             self.factors,
-            seed=self._fixed_seed if self._fixed_seed is not None else seed,
+            seed=self._given_seed if self._given_seed is not None else seed,
             length=self.epoch_length,
             source=type(self).__name__,
         )

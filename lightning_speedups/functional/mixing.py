@@ -117,7 +117,9 @@ def mix(x: Tensor, target: Tensor, lam: float, perm: Tensor, num_classes: int | 
     probs = as_probabilities(target, num_classes)
     # In place on the fresh partner copy (never on `x`): one new buffer instead of two, the same values as
     # `torch.lerp(x[perm], x, lam)`; on CPU a large new buffer costs page faults, not only memory traffic.
-    return x.index_select(0, perm).lerp_(x, lam), probs.index_select(0, perm).lerp_(probs, lam)
+    # A channels_last (or other non-default) layout is kept: `empty_like` copies it, and lerp stays fast.
+    partner = x.index_select(0, perm) if x.is_contiguous() else torch.index_select(x, 0, perm, out=torch.empty_like(x))
+    return partner.lerp_(x, lam), probs.index_select(0, perm).lerp_(probs, lam)
 
 
 def mixup_batch(
