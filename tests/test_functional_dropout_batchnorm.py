@@ -199,6 +199,23 @@ def test_recalibration_restores_eval_mode_and_ignores_empty_input():
     assert batchnorm_layers(nn.Sequential(nn.BatchNorm1d(2, track_running_stats=False))) == []
 
 
+def test_recalibration_of_chosen_layers_and_of_layers_the_forward_skips():
+    torch.manual_seed(0)
+    net = bn_net()
+    for bn in (net[1], net[3]):
+        bn.running_mean.fill_(0.7)
+    skip_last = lambda m, x: m[:3](x)  # noqa: E731  never runs net[3]
+    unreached: list = []
+    assert recalibrate_batchnorm(net, [torch.randn(8, 1, 6, 6) + 2], skip_last, unreached=unreached) == 1
+    assert unreached == [net[3]] and torch.equal(net[3].running_mean, torch.full((3,), 0.7))
+    assert not torch.allclose(net[1].running_mean, torch.full((3,), 0.7))
+    # only the chosen layers are re-estimated; the others stay in eval mode and keep their statistics
+    net[1].running_mean.fill_(0.7)
+    recalibrate_batchnorm(net, [torch.randn(8, 1, 6, 6) + 2], layers=[net[3]])
+    assert torch.equal(net[1].running_mean, torch.full((3,), 0.7))
+    assert not torch.allclose(net[3].running_mean, torch.full((3,), 0.7))
+
+
 def test_pooling_gives_the_statistics_of_the_union():
     torch.manual_seed(0)
     a, b = torch.randn(50, 3) + 1, torch.randn(50, 3) * 3 - 1

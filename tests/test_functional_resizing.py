@@ -142,6 +142,8 @@ def test_resolution_size_is_shorter_side():
     assert resolution_size((30, 43), 30) == (30, 43) and resolution_size((43, 30), 30) == (43, 30)
     assert resolution_size((30, 43), 29) == (29, 40)  # 43 * 29 / 30 = 41.6 -> 40
     assert resolution_size((30, 43), 60) == (60, 88)  # upsampling: no cap
+    # downsizing never makes the longer side exceed the image's (103 * 49 / 50 = 100.9 -> 104 by 8: capped)
+    assert resolution_size((50, 103), 49, 8) == (49, 103) and resolution_size((103, 50), 49, 8) == (103, 49)
     assert ResizePlan(resolution=160, size_increment=8).size_for((320, 240)) == (216, 160)
     assert ResizePlan(scale=0.5).size_for((64, 48)) == (32, 24)
     assert ResizePlan().is_full and not ResizePlan(scale=0.9).is_full and not ResizePlan(resolution=64).is_full
@@ -179,6 +181,26 @@ def test_masks_follow_nearest_images_exactly_and_keep_their_dtype():
     ramp = torch.arange(16).view(1, 16, 1).expand(1, 16, 4)
     assert resize_masks(ramp, (4, 4), "bilinear")[0, :, 0].tolist() == [2, 6, 10, 14]
     assert resize_masks(ramp, (4, 4), "nearest")[0, :, 0].tolist() == [0, 4, 8, 12]
+
+
+def test_half_precision_images_on_cpu_resize_in_float32():
+    x = torch.rand(2, 3, 16, 12)
+    for dtype in (torch.bfloat16, torch.float16):
+        for interpolation in ("bilinear", "bicubic"):
+            out = resize_images(x.to(dtype), (8, 6), interpolation)
+            assert out.dtype == dtype
+            by_hand = F.interpolate(x.to(dtype).float(), size=(8, 6), mode=interpolation, antialias=True)
+            torch.testing.assert_close(out, by_hand.to(dtype))
+
+
+def test_crop_and_resize_keep_the_memory_layout():
+    x = torch.rand(4, 3, 12, 12)
+    g = torch.Generator().manual_seed(0)
+    for layout in (torch.contiguous_format, torch.channels_last):
+        xl = x.contiguous(memory_format=layout)
+        for mode in ("crop", "resize"):
+            out, _ = resize_batch(xl, (8, 8), mode=mode, generator=g)
+            assert out.is_contiguous(memory_format=layout), (mode, layout)
 
 
 def test_crop_takes_a_region_per_sample_with_its_mask():

@@ -327,6 +327,52 @@ def test_recalibration_errors_clearly_and_takes_a_custom_forward():
     assert cb.recalibrations == 1
 
 
+class FrozenAndHead(SizeRecorder):
+    """A BatchNorm frozen in eval mode (pretrained statistics 0.7) and a BatchNorm'd head that `forward` skips."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = nn.BatchNorm2d(1)
+        self.frozen.running_mean.fill_(0.7)
+        self.head_bn = nn.BatchNorm1d(NUM_CLASSES)
+        self.frozen_modes: list[bool] = []
+
+    def on_fit_start(self) -> None:
+        self.frozen.eval()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(self.frozen(x))
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = unpack(batch)
+        self.frozen_modes.append(self.frozen.training)
+        return F.cross_entropy(self.head_bn(self(x)), y)
+
+
+def test_recalibration_leaves_frozen_layers_and_layers_it_cannot_reach():
+    seen: list[tuple[Tensor, Tensor, Tensor]] = []
+    trained: list[Tensor] = []
+
+    class Probe(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            trained.append(pl_module.head_bn.running_mean.clone())
+
+        def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            m = pl_module
+            seen.append((m.frozen.running_mean.clone(), m.head_bn.running_mean.clone(), m.net.bn.running_mean.clone()))
+
+    model = FrozenAndHead()
+    cb = ProgressiveResizing(0.5, 1.0, 0.0, validation="recalibrate")
+    with pytest.warns(SpeedupWarning, match=r"never runs the BatchNorm layers \['head_bn'\]"):
+        trainer(callbacks=[cb, Probe()], max_epochs=2).fit(model, *loaders("list", n=64, size=SIZE))
+    assert cb.recalibrations == 2
+    assert model.frozen_modes == [False] * 8  # the calibration check did not put the frozen layer in train mode
+    for frozen, head, _ in seen:
+        assert torch.equal(frozen, torch.full((1,), 0.7))  # frozen statistics are not re-estimated
+        assert head.abs().sum() > 0  # the unreached head keeps its training statistics (not reset to 0)
+    assert torch.equal(seen[-1][1], trained[-1])
+
+
 # ---------------------------------------------------------------------------------------------- resume, logs
 def run(tmp_path, ckpt_path=None, save=False, mode="crop"):
     seed_everything(11)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 from lightning_speedups import _checks
@@ -219,6 +219,9 @@ class ProgressiveResizing(SpeedupCallback):
         self._cache: deque[Tensor] = deque(maxlen=self.calibration_batches)
         self._snapshot: Any = None
         self._has_bn = False
+        self._trained_bn: list[nn.Module] = []  # the BatchNorm layers in training mode while training
+        self._bn_modes_stale = True
+        self._warned_unreached = False
         self._checked = False
         self._settled = False  # the fraction schedule reached full size for the rest of this fit
         self._wrapped_loader = False
@@ -273,6 +276,10 @@ class ProgressiveResizing(SpeedupCallback):
             if self.val_remedy == "recalibrate" and self._has_bn:
                 self._check_calibration_forward(pl_module, x)
             self._checked = True
+        if self._bn_modes_stale and self.val_remedy == "recalibrate" and self._has_bn:
+            # once per epoch: frozen (eval-mode) BatchNorm layers keep their statistics at validation
+            self._trained_bn = [bn for bn in batchnorm_layers(pl_module) if bn.training]
+            self._bn_modes_stale = False
         progress = self.progress(trainer)
         plan = self.plan_at(progress, trainer.current_epoch)
         self._plan = plan
@@ -404,6 +411,7 @@ class ProgressiveResizing(SpeedupCallback):
             return
         self._cache.clear()
         self._checked = False
+        self._trained_bn, self._bn_modes_stale, self._warned_unreached = [], True, False
         self._settled = False
         self._wrapped_loader = False
         if self.val_remedy == "train_size":
@@ -437,6 +445,10 @@ class ProgressiveResizing(SpeedupCallback):
                     "`accumulate_grad_batches`). Use mode='resize' for this run."
                 )
 
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        self._bn_modes_stale = True  # a finetuning schedule may have frozen or unfrozen layers
+
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._val_size = None
         if self.val_remedy != "recalibrate" or not self._has_bn:
@@ -451,11 +463,14 @@ class ProgressiveResizing(SpeedupCallback):
                 self._warned_no_calibration = True
                 self.warn("no training batch to recalibrate BatchNorm with yet; this validation is uncorrected.")
             return
+        if not self._trained_bn:
+            return  # every BatchNorm layer is frozen: their statistics do not depend on the training size
         self._snapshot = snapshot_batchnorm(pl_module)
         forward = self._forward
+        unreached: list[nn.Module] = []
         try:
             with trainer.precision_plugin.forward_context():
-                recalibrate_batchnorm(pl_module, inputs, forward)
+                recalibrate_batchnorm(pl_module, inputs, forward, layers=self._trained_bn, unreached=unreached)
         except Exception as err:
             self._snapshot.restore()
             self._snapshot = None
@@ -465,13 +480,22 @@ class ProgressiveResizing(SpeedupCallback):
                 "`calibration_forward=lambda module, images: ...`, or validation='train_size' or 'full'."
             ) from err
         if trainer.world_size > 1:
-            pool_batchnorm_statistics(pl_module, lambda t: trainer.strategy.reduce(t, reduce_op="mean"))
+            reached = [bn for bn in self._trained_bn if not any(bn is u for u in unreached)]
+            pool_batchnorm_statistics(pl_module, lambda t: trainer.strategy.reduce(t, reduce_op="mean"), reached)
+        if unreached and not self._warned_unreached:
+            self._warned_unreached = True
+            names = [name for name, m in pl_module.named_modules() if any(m is u for u in unreached)]
+            self.warn(
+                f"`pl_module(images)` never runs the BatchNorm layers {names}, so they are validated with their "
+                "training-size statistics. Pass `calibration_forward=lambda module, images: ...` that runs them "
+                "(e.g. the head applied in `training_step`)."
+            )
         self.recalibrations += 1
 
     def _check_calibration_forward(self, pl_module: pl.LightningModule, x: Tensor) -> None:
         """Before the first step, run the calibration forward once on two images (eval mode, no gradient), so
         that a model it cannot call fails now, not at the first validation after an epoch of training."""
-        was_training = pl_module.training
+        modes = [(m, m.training) for m in pl_module.modules()]  # the user's frozen submodules stay frozen
         pl_module.eval()  # BatchNorm statistics untouched
         try:
             with torch.no_grad(), global_rng_kept():
@@ -483,7 +507,8 @@ class ProgressiveResizing(SpeedupCallback):
                 "`calibration_forward=lambda module, images: ...`, or validation='train_size' or 'full'."
             ) from err
         finally:
-            pl_module.train(was_training)
+            for module, training in modes:
+                module.training = training
 
     def _forward(self, module: Any, images: Tensor) -> Any:
         if self.calibration_forward is not None:

@@ -8,7 +8,7 @@ evaluation size (as "precise BN" does) fixes that without touching the weights.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,10 +37,12 @@ class BatchNormSnapshot:
     counts: list[Tensor | None] = field(default_factory=list)
     momenta: list[float | None] = field(default_factory=list)
 
-    def restore(self) -> None:
-        """Write the saved values back into the layers' own buffers (in place, so references stay valid)."""
+    def restore(self, only: Iterable[int] | None = None) -> None:
+        """Write the saved values back into the layers' own buffers (in place, so references stay valid);
+        ``only``: the positions in :attr:`layers` to restore (default: all)."""
         with torch.no_grad():
-            for i, bn in enumerate(self.layers):
+            for i in range(len(self.layers)) if only is None else only:
+                bn = self.layers[i]
                 bn.running_mean.copy_(self.means[i])
                 bn.running_var.copy_(self.variances[i])
                 if bn.num_batches_tracked is not None and self.counts[i] is not None:
@@ -63,9 +65,9 @@ class BatchNormSnapshot:
         return entries
 
 
-def snapshot_batchnorm(model: nn.Module) -> BatchNormSnapshot:
-    """Save the running statistics of every BatchNorm layer of ``model``."""
-    layers = batchnorm_layers(model)
+def snapshot_batchnorm(model: nn.Module, layers: Sequence[_BatchNorm] | None = None) -> BatchNormSnapshot:
+    """Save the running statistics of every BatchNorm layer of ``model`` (or of the given ``layers``)."""
+    layers = batchnorm_layers(model) if layers is None else list(layers)
     with torch.no_grad():
         return BatchNormSnapshot(
             layers,
@@ -80,19 +82,31 @@ def _call(model: nn.Module, inputs: Any) -> Any:
     return model(inputs)
 
 
-def recalibrate_batchnorm(model: nn.Module, inputs: Iterable[Any], forward: Forward | None = None) -> int:
+def recalibrate_batchnorm(
+    model: nn.Module,
+    inputs: Iterable[Any],
+    forward: Forward | None = None,
+    *,
+    layers: Sequence[_BatchNorm] | None = None,
+    unreached: list[_BatchNorm] | None = None,
+) -> int:
     """Re-estimate the BatchNorm running statistics of ``model`` on ``inputs``; returns the batches used.
 
     The statistics become the plain average over the given batches (``momentum=None``). Only the BatchNorm
-    layers run in training mode: dropout and every other module stay in eval mode, so the statistics are
-    those of the activations that evaluation will see. No gradients are computed and no weight changes.
-    Afterwards every module's train/eval mode and each layer's momentum are as they were; take a
-    :func:`snapshot_batchnorm` first to be able to undo the new statistics. With no inputs nothing changes.
+    layers being recalibrated run in training mode: dropout and every other module (frozen BatchNorm layers
+    left out of ``layers`` included) stay in eval mode, so the statistics are those of the activations that
+    evaluation will see. No gradients are computed and no weight changes. A layer the forward never reaches
+    (e.g. a head applied outside ``forward``) keeps its statistics. Afterwards every module's train/eval mode
+    and each layer's momentum are as they were; take a :func:`snapshot_batchnorm` first to be able to undo the
+    new statistics. With no inputs nothing changes.
 
     Args:
         model: the network (a ``LightningModule`` works: its ``forward`` is called).
         inputs: the batches to run, each passed to ``forward``.
         forward: ``forward(model, batch)``; defaults to ``model(batch)``.
+        layers: the layers to recalibrate; default: every BatchNorm layer of ``model`` that keeps running
+            statistics. Leave out layers frozen in eval mode during training.
+        unreached: a list to which the layers that the forward never ran are appended.
 
     Example::
 
@@ -102,8 +116,11 @@ def recalibrate_batchnorm(model: nn.Module, inputs: Iterable[Any], forward: Forw
         >>> bool(net[1].running_mean.abs().sum() > 0), net[1].momentum, net.training
         (True, 0.1, True)
     """
-    layers = batchnorm_layers(model)
-    if not layers:
+    tracked = batchnorm_layers(model)
+    if layers is not None:
+        chosen = {id(bn) for bn in layers}
+        tracked = [bn for bn in tracked if id(bn) in chosen]
+    if not tracked:
         return 0
     batches = iter(inputs)
     first = next(batches, None)
@@ -111,14 +128,14 @@ def recalibrate_batchnorm(model: nn.Module, inputs: Iterable[Any], forward: Forw
         return 0
     forward = forward or _call
     modes = [(m, m.training) for m in model.modules()]
-    momenta = [bn.momentum for bn in layers]
+    before = snapshot_batchnorm(model, tracked)
     used = 0
     try:
         model.eval()
-        for bn in layers:
+        for bn in tracked:
             bn.reset_running_stats()
             bn.momentum = None  # cumulative average over the calibration batches
-            bn.train()
+            bn.training = True  # the flag only: a `train()` override that pins eval mode is not called
         with torch.no_grad():
             for batch in (first, *batches):
                 forward(model, batch)
@@ -126,20 +143,27 @@ def recalibrate_batchnorm(model: nn.Module, inputs: Iterable[Any], forward: Forw
     finally:
         for module, training in modes:
             module.training = training
-        for bn, momentum in zip(layers, momenta, strict=True):
+        for bn, momentum in zip(tracked, before.momenta, strict=True):
             bn.momentum = momentum
+    missed = [i for i, bn in enumerate(tracked) if bn.num_batches_tracked is not None and not bn.num_batches_tracked]
+    before.restore(missed)  # never run by the forward: reset statistics would be mean 0, variance 1
+    if unreached is not None:
+        unreached.extend(tracked[i] for i in missed)
     return used
 
 
-def pool_batchnorm_statistics(model: nn.Module, mean_across: Callable[[Tensor], Tensor]) -> None:
+def pool_batchnorm_statistics(
+    model: nn.Module, mean_across: Callable[[Tensor], Tensor], layers: Sequence[_BatchNorm] | None = None
+) -> None:
     """Replace each layer's statistics by those of the union of all processes' calibration samples.
 
     ``mean_across(t)`` must return the mean of ``t`` over the processes (e.g. a DDP strategy's ``reduce``).
     With equally many samples per process the pooled mean is the mean of the means, and the pooled
-    variance is the mean of ``var + mean**2`` minus the pooled mean squared.
+    variance is the mean of ``var + mean**2`` minus the pooled mean squared. ``layers``: those to pool (default:
+    all); every process must pass the same ones.
     """
     with torch.no_grad():
-        for bn in batchnorm_layers(model):
+        for bn in batchnorm_layers(model) if layers is None else layers:
             mean = bn.running_mean.detach().clone().float()
             second = bn.running_var.detach().clone().float() + mean**2
             pooled_mean = mean_across(mean)

@@ -142,6 +142,8 @@ def resolution_size(size: Size, resolution: int, size_increment: int = 4) -> Siz
     if resolution == short:
         return h, w
     long_side = max(size_increment, round(long * resolution / short / size_increment) * size_increment)
+    if resolution < short:
+        long_side = min(long_side, long)  # rounding up must not make a downsized image wider than the original
     return (int(resolution), int(long_side)) if h <= w else (int(long_side), int(resolution))
 
 
@@ -210,6 +212,10 @@ def resize_images(x: Tensor, size: Size, interpolation: str = "bilinear", antial
             f"{interpolation} interpolation needs floating-point images, got dtype {x.dtype}. Convert the "
             "images to float first, or use interpolation='nearest' or mode='crop'."
         )
+    if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
+        # torch's CPU kernels for these modes lack half types: compute in float32, hand back the input's dtype
+        out = F.interpolate(x.float(), size=size, mode=interpolation, align_corners=False, antialias=antialias)
+        return out.to(x.dtype)
     return F.interpolate(x, size=size, mode=interpolation, align_corners=False, antialias=antialias)
 
 
@@ -258,8 +264,10 @@ def crop_at(x: Tensor, size: Size, tops: Tensor, lefts: Tensor) -> Tensor:
     if x.ndim == 3:
         return x[batch[:, None, None], rows[:, :, None], cols[:, None, :]]
     # advanced indices around a slice put the indexed dims first: (N, h, w, C) -> (N, C, h, w)
-    out = x[batch[:, None, None], :, rows[:, :, None], cols[:, None, :]]
-    return out.permute(0, 3, 1, 2).contiguous()
+    out = x[batch[:, None, None], :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+    # the permuted result is laid out channels_last already: keep that for channels_last inputs
+    channels_last = x.ndim == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+    return out.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
 def resize_batch(
