@@ -134,9 +134,17 @@ def load_object(path: str, what: str) -> Any:
         module_name, _, attr = path.rpartition(".")
     if not module_name or not attr:
         raise CompareError(f"--{what} {path!r} is not an import path like 'my_package.my_module:MyClass'.")
+    if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
+        raise CompareError(
+            f"--{what} {path!r} is a file path; give the module's import path instead, e.g. 'my_module:MyClass' "
+            "for my_module.py in the current folder."
+        )
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        # the console script, unlike `python -m`, does not put the current folder on the path
+        sys.path.insert(0, str(Path.cwd()))
     try:
         module = importlib.import_module(module_name)
-    except ImportError as err:
+    except (ImportError, TypeError, ValueError) as err:  # TypeError/ValueError: relative or empty names
         raise CompareError(f"--{what} {path!r}: cannot import module {module_name!r} ({err}).") from err
     try:
         return getattr(module, attr)
@@ -236,6 +244,11 @@ def _check(cfg: CompareConfig) -> None:
         raise CompareError(f"--max-epochs must be >= 1, got {cfg.max_epochs}.")
     if cfg.devices < 1:
         raise CompareError(f"--devices must be >= 1, got {cfg.devices}.")
+    if cfg.output is not None:
+        try:  # now, not after the training: a path that cannot hold the report must not cost the runs
+            cfg.output.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise CompareError(f"--output {str(cfg.output)!r} cannot be a folder for the report ({err}).") from err
     if any(word in cfg.metric.lower() for word in ("loss", "error", "perplexity")):
         raise CompareError(
             f"--metric {cfg.metric!r} looks like a lower-is-better metric; compare reads the metric as higher "
@@ -302,7 +315,7 @@ def _run(
         trainer.fit(make_model(), datamodule=make_dm())
     except MissingMetricError as err:
         raise CompareError(str(err)) from err
-    except (ValueError, TypeError, MisconfigurationException) as err:
+    except (ValueError, TypeError, ImportError, MisconfigurationException) as err:
         # a setting that does not fit the user's model, data or machine: our callbacks and Lightning raise these
         # up front, at construction or fit start; say which run it stopped, without a traceback
         raise CompareError(f"the {arm!r} run could not start or stopped: {type(err).__name__}: {err}") from err

@@ -70,12 +70,16 @@ class TrainingMeter(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":  # before a checkpoint's state is restored
             self.history, self.flops, self.flops_per_shape = [], 0.0, {}
+            # The clocks start here, not at `on_fit_start`: Lightning runs `BatchSizeFinder` (moved to the front of
+            # the callbacks) in its `on_fit_start`, and its trial steps are part of the recipe's cost.
+            self._t0, self._c0 = time.perf_counter(), time.process_time()
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # A resumed run continues the clocks of the checkpoint it restored.
         last = self.history[-1] if self.history else None
-        self._t0 = time.perf_counter() - (last.wall if last else 0.0)
-        self._c0 = time.process_time() - (last.cpu if last else 0.0)
+        if last is not None:
+            self._t0 -= last.wall
+            self._c0 -= last.cpu
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
         key = _shape_key(batch)

@@ -271,6 +271,22 @@ def _no_callbacks(**overrides: Any) -> list[Callback]:
     return []
 
 
+def _init_arguments(cls: type) -> list[str] | None:
+    """The keyword arguments ``cls(...)`` takes, following ``**kwargs`` up the base classes; ``None`` if unknown."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        try:
+            params = list(inspect.signature(vars(klass)["__init__"]).parameters.values())[1:]
+        except (TypeError, ValueError):
+            return None
+        names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return names
+    return None
+
+
 def declarative(
     name: str,
     summary: str,
@@ -292,9 +308,25 @@ def declarative(
             )
         out = []
         for cls_name, args in specs:
-            if cls_name in overrides and overrides[cls_name] is None:
+            change = overrides.get(cls_name, {})
+            if change is None:
                 continue
-            out.append(resolve_callback_class(cls_name)(**{**args, **(overrides.get(cls_name) or {})}))
+            if not isinstance(change, Mapping):
+                raise TypeError(
+                    f"Preset {name!r}: the override of {cls_name} must be a dict of its arguments (or None to drop "
+                    f"it), e.g. {cls_name}={{...}}; got {change!r}."
+                )
+            cls = resolve_callback_class(cls_name)
+            accepted = _init_arguments(cls)
+            wrong = sorted(set(change) - set(accepted or change))
+            if wrong:
+                close = {w: difflib.get_close_matches(w, accepted, n=1) for w in wrong}
+                hints = "".join(f" ({w!r}: did you mean {c[0]!r}?)" for w, c in close.items() if c)
+                raise TypeError(
+                    f"Preset {name!r}: {cls_name} has no argument {', '.join(map(repr, wrong))}{hints}; it takes "
+                    f"{', '.join(accepted or [])}."
+                )
+            out.append(cls(**{**args, **change}))
         return out
 
     return Preset(name, summary, description, factory, dict(trainer or {}), requires, specs)

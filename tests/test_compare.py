@@ -2,6 +2,7 @@
 
 import json
 import re
+import sys
 
 import pytest
 
@@ -10,6 +11,7 @@ from lightning_speedups.compare import (
     CompareConfig,
     _median_to_target,
     _run,
+    load_object,
     parse_callback,
     run_comparison,
 )
@@ -171,26 +173,41 @@ def test_the_equal_budget_run_is_validated_at_its_last_step_even_mid_epoch():
             r"LabelSmoothing: class indices must lie in \[0, 5\)",
         ),
         (["--accelerator", "gpu", *TINY[:4], "--callback", "MixUp"], "MisconfigurationException"),
+        (["--model", "./my_model.py:Net", "--datamodule", "x:Y"], "is a file path; give the module's import path"),
+        (["--model", ".hidden:Net", "--datamodule", "x:Y"], "cannot import module '.hidden'"),
+        (["--callback", "MixUp", "--output", "FILE"], "--output '.*a_file' cannot be a folder for the report"),
     ],
 )
-def test_bad_input_gives_a_message_not_a_traceback(args, message, capsys):
+def test_bad_input_gives_a_message_not_a_traceback(args, message, capsys, tmp_path):
     if message is None:  # argparse rejects it while parsing
         with pytest.raises(SystemExit) as exit_info:
             main(["compare", *args])
         assert exit_info.value.code == 2
         assert "expected a JSON object" in capsys.readouterr().err
         return
-    assert main(["compare", *args, "--no-progress", "--output", "unused"]) == 2
+    (tmp_path / "a_file").write_text("")
+    args = [str(tmp_path / "a_file") if a == "FILE" else a for a in args]
+    output = [] if "--output" in args else ["--output", str(tmp_path / "unused")]
+    assert main(["compare", *args, "--no-progress", *output]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ")
     assert re.search(message, err), err
     assert "Traceback" not in err
 
 
-def test_a_model_that_does_not_log_the_metric(capsys):
-    code = main(["compare", "--callback", "MixUp", *TINY, "--metric", "val_top1", "--output", "unused"])
+def test_a_model_that_does_not_log_the_metric(capsys, tmp_path):
+    code = main(["compare", "--callback", "MixUp", *TINY, "--metric", "val_top1", "--output", str(tmp_path / "o")])
     assert code == 2
     assert "'val_top1' was not logged" in capsys.readouterr().err
+
+
+def test_a_module_in_the_current_folder_is_found(tmp_path, monkeypatch):
+    # the `lightning-speedups` console script does not put the current folder on sys.path; `load_object` does
+    (tmp_path / "my_speedup_models.py").write_text("from lightning_speedups.demo import ImageClassifier as Net\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert load_object("my_speedup_models:Net", "model") is ImageClassifier
+    sys.modules.pop("my_speedup_models", None)
 
 
 def test_parse_callback():

@@ -52,3 +52,18 @@ def test_counting_stops_on_exception():
         trainer(callbacks=[meter], max_epochs=1).fit(Boom(), data(16))
     assert meter._counting is None
     assert _get_current_dispatch_mode() is None  # no FlopCounterMode left active
+
+
+def test_the_clocks_include_work_done_at_fit_start():
+    # BatchSizeFinder runs its trial steps in on_fit_start, ahead of every other callback: the recipe pays them
+    import time
+
+    from lightning.pytorch.callbacks import Callback
+
+    class SlowStart(Callback):
+        def on_fit_start(self, trainer, pl_module):
+            time.sleep(0.3)
+
+    meter = TrainingMeter()
+    trainer(callbacks=[SlowStart(), meter], max_epochs=1).fit(Linear(), data(16), data(16))
+    assert meter.history[0].wall >= 0.3

@@ -43,6 +43,13 @@ def test_declarative_overrides_change_and_drop_callbacks(registry):
         presets.get("mix-and-smooth", CutMix={})
     with pytest.raises(ValueError, match="`alpha` must be > 0"):
         presets.get("mix-and-smooth", MixUp={"alpha": 0})
+    # a misspelt argument is named with the class and the closest match (MixUp takes most through **kwargs)
+    with pytest.raises(TypeError, match=r"MixUp has no argument 'alhpa' \('alhpa': did you mean 'alpha'\?\)"):
+        presets.get("mix-and-smooth", MixUp={"alhpa": 0.4})
+    with pytest.raises(TypeError, match=r"MixUp has no argument 'pp'.*did you mean 'p'"):
+        presets.get("mix-and-smooth", MixUp={"pp": 0.4})
+    with pytest.raises(TypeError, match=r"the override of MixUp must be a dict of its arguments"):
+        presets.get("mix-and-smooth", MixUp=0.4)
     # fresh instances each time: a recipe can be used by two trainers
     assert presets.get("mix-and-smooth").callbacks[0] is not presets.get("mix-and-smooth").callbacks[0]
     assert "MixUp(alpha=0.2)" in presets.describe("mix-and-smooth")

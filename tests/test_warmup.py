@@ -351,6 +351,27 @@ def test_initial_reference_on_one_device_leaves_the_learning_rate_alone():
     assert module.used == pytest.approx(scheduled_lrs("cosine", 8)[:2])  # 2 updates, exactly the scheduler's
 
 
+class LoaderOnlyBatchSize(WarmupModule):
+    """No `batch_size` attribute: the warmup reads the batch size from the loader."""
+
+    def __init__(self, scheduler: str) -> None:
+        super().__init__(scheduler)
+        del self.batch_size
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(*image_tensors(64)), batch_size=16)
+
+
+@pytest.mark.parametrize("batch_size_on_module", [True, False])
+def test_initial_reference_counts_a_scheduled_accumulation_as_the_trainer_setting(batch_size_on_module):
+    # GradientAccumulationScheduler({0: 2}) asks for what Trainer(accumulate_grad_batches=2) does: scale 1
+    module = WarmupModule("cosine", batch_size=16) if batch_size_on_module else LoaderOnlyBatchSize("cosine")
+    cb = LinearScalingWarmup("initial", warmup=2, warmup_unit="steps")
+    fit(module, [GradientAccumulationScheduler({0: 2}), cb], max_epochs=1)
+    assert cb.scale == 1.0 and cb.state_dict()["initial_reference"] == 32
+    assert module.used == pytest.approx(scheduled_lrs("cosine", 8)[:2])
+
+
 def test_initial_reference_is_restored_from_a_checkpoint():
     cb = LinearScalingWarmup("initial")
     cb.load_state_dict({"seed": None, "updates": [3], "initial_reference": 64})

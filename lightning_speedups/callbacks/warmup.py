@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
+from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr
 from torch.optim import Optimizer
@@ -184,7 +185,7 @@ class LinearScalingWarmup(SpeedupCallback):
                 # read before BatchSizeFinder (on_fit_start) changes it; a checkpoint's value wins later
                 size = lightning_getattr(pl_module, "batch_size")
                 if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-                    self._initial_reference = size * int(trainer.accumulate_grad_batches)
+                    self._initial_reference = size * _accumulation(trainer)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._check_optimizers(trainer)
@@ -389,7 +390,7 @@ class LinearScalingWarmup(SpeedupCallback):
 
     def _refresh_plan(self, trainer: pl.Trainer) -> _Plan:
         batch_size = self.batch_size or _loader_batch_size(trainer.train_dataloader)
-        accumulate = int(trainer.accumulate_grad_batches)
+        accumulate = _accumulation(trainer)
         world_size = int(trainer.world_size)
         num_batches = trainer.num_training_batches
         key = (batch_size, accumulate, world_size, num_batches)
@@ -515,6 +516,15 @@ def _parse_groups(groups: Any) -> frozenset[GroupRef]:
 
 def _is_index(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _accumulation(trainer: pl.Trainer) -> int:
+    """The gradient accumulation of the current epoch: a ``GradientAccumulationScheduler`` sets the trainer's only
+    at each epoch start, after ``setup`` and ``on_train_start`` have read it."""
+    for cb in trainer.callbacks:
+        if isinstance(cb, GradientAccumulationScheduler):
+            return int(cb.get_accumulate_grad_batches(trainer.current_epoch))
+    return int(trainer.accumulate_grad_batches)
 
 
 def _loader_batch_size(loader: Any) -> int:
