@@ -87,10 +87,15 @@ class ResumableDataLoader(DataLoader):
     those samples, so the resumed epoch continues with the batches the uninterrupted run would have seen.
     """
 
-    _speedups_datamodule: SpeedupDataModule | None = None
+    def __init__(self, *args: Any, speedups_datamodule: SpeedupDataModule | None = None, **kwargs: Any) -> None:
+        # A constructor argument, not an attribute set afterwards: Lightning rebuilds loaders from their
+        # constructor arguments (e.g. with another sampler under `overfit_batches`), and the rebuilt one must
+        # still record its position.
+        super().__init__(*args, **kwargs)
+        self.speedups_datamodule = speedups_datamodule
 
     def state_dict(self) -> dict[str, int]:
-        dm = self._speedups_datamodule
+        dm = self.speedups_datamodule
         trainer = dm.trainer if dm is not None else None
         if trainer is None:
             return {}
@@ -315,8 +320,8 @@ class SpeedupDataModule(pl.LightningDataModule):
             sampler=sampler,
             drop_last=self.drop_last,
             **self.loader_kwargs(dataset),
+            speedups_datamodule=self,
         )
-        loader._speedups_datamodule = self
         return loader
 
     def eval_dataloader(self, dataset: Dataset, batch_size: int | None = None) -> DataLoader:

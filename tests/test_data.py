@@ -86,6 +86,19 @@ def test_fit_sees_each_sample_once_per_epoch_in_a_new_order():
     assert epoch0 != epoch1
 
 
+def test_a_loader_lightning_rebuilds_still_records_its_position():
+    # overfit_batches makes Lightning rebuild the loader from its constructor arguments with another sampler
+    dm = IndexedDM(batch_size=8)
+    t = trainer(max_epochs=1, overfit_batches=2)
+    t.fit(IndexModule(), datamodule=dm)
+    loader = t.train_dataloader
+    assert isinstance(loader, ResumableDataLoader) and not isinstance(loader.sampler, EpochShuffleSampler)
+    assert loader.speedups_datamodule is dm
+    assert loader.state_dict()["batches"] == 2  # so a mid-epoch resume warns that it cannot skip, not silently
+    with pytest.warns(UserWarning, match="has no `skip_next`: a run resumed mid-epoch restarts"):
+        loader.load_state_dict({"epoch": 0, "batches": 1, "epoch_done": 0})
+
+
 def test_workers_and_persistent_workers_in_a_fit():
     class DM(SpeedupDataModule):
         def setup(self, stage):
