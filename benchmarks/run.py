@@ -125,9 +125,10 @@ def document(blocks: dict[str, str], quick: bool, only: list[str] | None) -> str
         common.command_block("PYTHONPATH=. python benchmarks/run.py [--quick] [--only SECTION ...]"),
         "",
         f"Last run: `{' '.join(sys.argv[1:]) or '(no options)'}` ({ran}{', quick' if quick else ''}), "
-        f"{common.machine()['date']}. The machine is small and shared: every time is a median of interleaved "
-        "repeats (variants take turns in a shuffled order each round), and ratios are steadier than absolute "
-        "times.",
+        f"{common.machine()['date']}. The machine is small and shared: times are medians of repeats in which "
+        "the variants take turns (a shuffled order each round; time to accuracy rotates its arms over the seeds "
+        "after an untimed warm-up run; each section says how it orders its runs), and ratios are steadier than "
+        "absolute times.",
         "",
         "## Goals",
         "",

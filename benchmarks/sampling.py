@@ -15,6 +15,7 @@ the difficulty order). Nothing is downloaded; labels are a synthetic long tail (
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -70,24 +71,35 @@ def measure(num_samples: int = 10_000_000, epochs: int = 5, loop_epochs: int = 1
         if repeat:
             p.add_repeat_factors(factors, seed=0)
         if curriculum:
-            # Never reaches all the data in the timed epochs: every position draws from a pool (10% to 55%).
+            # Never reaches all the data in the timed epochs 0..epochs-1: every position draws from a pool, from
+            # 10% of the data at the first step to 55% at the end of the last timed epoch.
             steps = clock.steps_per_epoch
-            p.add_curriculum(order, fs.Pacing("linear", start=0.1, full_at=10.0), seed=0)
+            p.add_curriculum(order, fs.Pacing("linear", start=0.1, full_at=2.0 * epochs), seed=0)
             p.clock = fs.StepClock(clock.global_batch_size, clock.batches_per_epoch, total_steps=steps)
         return p
 
     total = per_rank * world
-    rows = []
-    for name, p in [
+    variants = [
         ("repeat-factor sampling", plan(True, False)),
         ("curriculum, paced epoch", plan(False, True)),
         ("repeat factors + curriculum, paced epoch", plan(True, True)),
         ("plain shuffle (no factors, no curriculum)", plan(False, False)),
-    ]:
-        counter = iter(range(10**6))
-        t_epoch = timed(lambda p=p, e=counter: p.epoch_indices(next(e), total), epochs)
-        t_shard = timed(lambda p=p, e=counter: p.epoch_indices(next(e), total, rank=1, num_replicas=world), epochs)
-        rows.append((name, len(p.epoch_indices(0, total)), t_epoch, t_shard))
+    ]
+    # Interleaved: each round times every (variant, whole list / one rank) pair once, in a shuffled order, on
+    # that round's epoch, so the whole list and one rank's share see the same epochs (and the same pace).
+    times: dict[tuple[str, bool], list[float]] = {(name, shard): [] for name, _ in variants for shard in (False, True)}
+    order_rng = random.Random(0)
+    for epoch in range(epochs):
+        pairs = list(times)
+        order_rng.shuffle(pairs)
+        for name, shard in pairs:
+            p = dict(variants)[name]
+            kwargs = {"rank": 1, "num_replicas": world} if shard else {}
+            times[(name, shard)].append(timed(lambda p=p, e=epoch, k=kwargs: p.epoch_indices(e, total, **k), 1))
+    rows = [
+        (name, len(p.epoch_indices(0, total)), *(statistics.median(times[(name, shard)]) for shard in (False, True)))
+        for name, p in variants
+    ]
 
     generator = torch.Generator().manual_seed(0)
     factors_t = torch.from_numpy(factors)
@@ -165,10 +177,11 @@ def section(quick: bool, out_dir: Path) -> str:
             common.command_block(f"PYTHONPATH=. python benchmarks/sampling.py --num-samples {n} --epochs {epochs}"),
             "",
             common.machine_line(info),
-            f"- Median of {epochs} epochs per variant (the loop: one epoch). Ran in {elapsed:.0f} s.",
+            f"- Median of {epochs} epochs per variant, interleaved (each round times every variant once, in a "
+            f"shuffled order, on the same epoch); the loop: one epoch, timed once. Ran in {elapsed:.0f} s.",
             f"- Labels: a Zipf long tail over 1,000 classes, `threshold=0.001`, so an epoch has `round(sum r)` = "
-            f"{data['length']:,} entries. Curriculum: a pace that stays below all the data (10% to 55%), so every "
-            "position draws from its pool; batch 256 per rank.",
+            f"{data['length']:,} entries. Curriculum: a linear pace from 10% of the data at the first step to 55% "
+            "at the end of the last timed epoch, so every position draws from its pool; batch 256 per rank.",
             f'- "Whole list" is every rank\'s epoch list; "one rank of {data["world"]}" is what each rank\'s '
             f"sampler computes (the positions `r, r + {data['world']}, ...`; the permutation is still drawn in "
             "full on each rank).",

@@ -2,21 +2,21 @@
 
 For each task, every seed trains the baseline, each preset, and for each preset the baseline with its schedule
 shortened to that preset's counted training FLOPs (the equal-budget control). Within a seed the arms run in a
-rotated order, so a slow spell of the shared machine does not always hit the same arm (the controls too, from
-the second seed on: their budget comes from the presets' counted FLOPs, so in the first seed they run after
-the presets). The target is the baseline's final validation accuracy (the lower median over seeds); every arm
-validates at full size after each epoch. Reported per arm: median final accuracy, and the wall-clock, process
-CPU time, training FLOPs (counted by ``torch.utils.flop_counter``) and steps to the target, each the median over
-all seeds with a seed that misses the target counting as infinitely slow, and the speedups (baseline's figure
-over the arm's).
+rotated order, so a slow spell of the shared machine does not always hit the same arm (the controls too, from the
+second seed on: their budget comes from the presets' counted FLOPs, so in the first seed they run after the
+presets). The target is the baseline's final validation accuracy (the lowest over seeds, which every baseline seed
+reaches); every arm validates at full size after each epoch. Reported per arm: median final accuracy, and the
+wall-clock, process CPU time, training FLOPs (counted by ``torch.utils.flop_counter``) and steps to the target, each the
+median over all seeds with a seed that misses the target counting as infinitely slow, and the speedups (baseline's
+figure over the arm's).
 
-It reuses the engine of ``lightning-speedups compare`` (``lightning_speedups.compare``), with one baseline per
-seed shared by every preset.
+It reuses the engine of ``lightning-speedups compare`` (``lightning_speedups.compare``), with one baseline per seed
+shared by every preset.
 
 Usage::
 
-    PYTHONPATH=. python benchmarks/time_to_accuracy.py                    # digits and MNIST-1D, 3 seeds
-    PYTHONPATH=. python benchmarks/run.py --only time_to_accuracy --quick  # digits, vision-mild only
+    PYTHONPATH=. python benchmarks/time_to_accuracy.py                      # digits and MNIST-1D, 3 seeds
+    PYTHONPATH=. python benchmarks/run.py --only time_to_accuracy --quick   # digits, vision-mild only
     PYTHONPATH=. python benchmarks/time_to_accuracy.py --tasks digits --seeds 5
 """
 
@@ -104,6 +104,9 @@ SECONDARY_DROP = 0.01  # the secondary target: the baseline's final accuracy les
 SEEDS = 3
 
 
+WARM_UP_STEPS = 20
+
+
 def control_label(steps: int) -> str:
     """The equal-budget control with ``steps`` optimizer steps (presets with the same FLOPs share it)."""
     return f"baseline @ {steps} steps"
@@ -156,6 +159,9 @@ def run_task(task: Task, seeds: int, only: list[str] | None = None, log: Any = p
         return run
 
     with compare._quiet_lightning():
+        # untimed: the process's first fit pays one-off costs (imports, allocator, thread pools) that would fall
+        # on whichever arm runs first in seed 0
+        compare._run("warm-up", 0, cfg, make_model, make_dm, [], {}, None, WARM_UP_STEPS)
         for seed in range(seeds):
             order = [(BASELINE, None, {}, -1), *((label, name, over, -1) for label, name, over in arms)]
             order += [(control, None, {}, steps) for control, steps in budgets.items()]  # none in seed 0
@@ -181,8 +187,10 @@ def run_task(task: Task, seeds: int, only: list[str] | None = None, log: Any = p
                 if control not in done:  # seed 0: after the presets whose FLOPs set its budget
                     done[control] = run_arm(control, None, {}, steps, seed)
             runs += done.values()
-    # the lower median, as `lightning-speedups compare`: with an even number of seeds most baseline runs reach it
-    target = statistics.median_low(r.final for r in runs if r.arm == BASELINE)
+    # The lowest of the baseline's final accuracies: every baseline seed reaches it, so the baseline's time to it is
+    # a median of real times. (The median final, as `compare` uses, leaves a baseline seed below the target, which
+    # then counts as never reaching it and makes the baseline's median its slowest seed: that flatters the arms.)
+    target = min(r.final for r in runs if r.arm == BASELINE)
     names = [BASELINE, *(a[0] for a in arms), *budgets]
     return {
         "task": task,
@@ -250,6 +258,8 @@ def task_table(result: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
                 "speedup_flops": flops,
                 "budget_reached": None if budget is None else budget.cpu_to_target is not None,
                 "vs_budget_cpu": None if budget is None else compare._ratio(budget.cpu_to_target, summ.cpu_to_target),
+                "budget_cpu_total": None if budget is None else budget.cpu,
+                "cpu_to_target": summ.cpu_to_target,
             }
         )
     return table, verdicts
@@ -299,8 +309,9 @@ def section(quick: bool, out_dir: Path) -> str:
         "",
         f"- {machine}",
         f"- Protocol: {SEEDS} seeds; within a seed the arms run in a rotated order (each seed starts 1/{SEEDS} "
-        "of the way further along the list of arms). Target: the baseline's final validation accuracy, "
-        "the lower median over seeds (so that most baseline runs reach it). Every arm validates at full size "
+        "of the way further along the list of arms), after one untimed warm-up run. Target: the baseline's "
+        "final validation accuracy, the lowest over seeds (so that every baseline seed reaches it and the "
+        "baseline's time to it is a median of real times). Every arm validates at full size "
         "after each epoch; times include validation. An arm's time (CPU time, FLOPs, steps) to the target is the "
         "median over all its seeds, a seed that never reaches the target counting as infinitely slow: an arm "
         "reaches the target (has a figure) only if most of its seeds do, and *reached* counts the seeds that "
@@ -431,7 +442,12 @@ def goal_conditions(v: dict[str, Any]) -> tuple[dict[str, bool], str]:
     if v["speedup_cpu"] is None:
         vs_budget, met_budget = "it does not reach the target in most seeds", False
     elif v["budget_reached"] is False:
-        vs_budget, met_budget = "the equal-budget baseline does not reach the target in most seeds", True
+        # met, as the control never gets there; but say what it was given, as the control is matched on FLOPs
+        vs_budget = (
+            "the equal-budget baseline does not reach the target in most seeds (its whole run: "
+            f"{v['budget_cpu_total']:.1f} s CPU, against {v['cpu_to_target']:.1f} s for this preset to the target)"
+        )
+        met_budget = True
     elif v["budget_reached"] is None:  # no shortened control: the preset saves no FLOPs, the baseline is its own
         vs_budget = "it saves no FLOPs, so the baseline itself is its equal-budget baseline"
         met_budget = v["speedup_cpu"] >= GOAL_BUDGET_SPEEDUP

@@ -128,6 +128,8 @@ def _verdict(preset, cpu, flops, delta, budget_reached=None, vs_budget=None):
         "speedup_flops": flops,
         "budget_reached": budget_reached,
         "vs_budget_cpu": vs_budget,
+        "budget_cpu_total": 17.2,
+        "cpu_to_target": 18.8,
     }
 
 
@@ -189,7 +191,8 @@ def test_time_to_accuracy_rotates_the_controls_after_seed_zero(monkeypatch):
     task = tta.Task("digits", "t", *(tta.TASKS["digits"].model, tta.TASKS["digits"].datamodule), 1, tta.VISION)
     result = tta.run_task(task, seeds=3, log=lambda *a: None)
     control = tta.control_label(50)
-    orders = [[arm for seed, arm, _ in calls if seed == s] for s in range(3)]
+    assert calls[0] == (0, "warm-up", tta.WARM_UP_STEPS)  # untimed, before every timed run
+    orders = [[arm for seed, arm, _ in calls[1:] if seed == s] for s in range(3)]
     assert all(order.count(control) == 1 and len(order) == 5 for order in orders)
     assert orders[0][-1] == control  # seed 0: its budget needs the presets' FLOPs first
     assert [o.index(control) for o in orders] == [4, 3, 1]  # then it takes its turn in the rotation
