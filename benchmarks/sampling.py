@@ -89,11 +89,12 @@ def measure(num_samples: int = 10_000_000, epochs: int = 5, loop_epochs: int = 1
     # that round's epoch, so the whole list and one rank's share see the same epochs (and the same pace).
     times: dict[tuple[str, bool], list[float]] = {(name, shard): [] for name, _ in variants for shard in (False, True)}
     order_rng = random.Random(0)
+    plans = dict(variants)
     for epoch in range(epochs):
         pairs = list(times)
         order_rng.shuffle(pairs)
         for name, shard in pairs:
-            p = dict(variants)[name]
+            p = plans[name]
             kwargs = {"rank": 1, "num_replicas": world} if shard else {}
             times[(name, shard)].append(timed(lambda p=p, e=epoch, k=kwargs: p.epoch_indices(e, total, **k), 1))
     rows = [

@@ -137,7 +137,7 @@ class SpeedupCallback(Callback):
 
     def _seed_or_process_seed(self) -> int:
         """``seed``, or before ``setup`` fixes it, the process seed (what ``seed_everything`` set)."""
-        return self.seed if self.seed is not None else torch.initial_seed() % 2**63
+        return self.seed if self.seed is not None else _process_seed()
 
     def _salt(self) -> int:
         salt = self.__dict__.get("_salt_cache")
@@ -221,8 +221,7 @@ class SpeedupCallback(Callback):
         self._state_key_cache = None
         self._state_key_cache = self.state_key
         # each fit takes the process seed anew (unless one was given); a resume then restores the saved one
-        self.seed = self._given_seed
-        self.seed = self._seed_or_process_seed()
+        self.seed = self._given_seed if self._given_seed is not None else _process_seed()
         if self.transforms_batches:
             if is_param_in_hook_signature(pl_module.training_step, "dataloader_iter", explicit=True):
                 raise RuntimeError(
@@ -257,6 +256,11 @@ class SpeedupCallback(Callback):
     ) -> None:
         if self.log_knobs and trainer.loggers and _should_log(trainer):
             self.log_now(trainer)
+
+
+def _process_seed() -> int:
+    """The process's torch seed (what ``seed_everything`` set), as a non-negative 63-bit int."""
+    return torch.initial_seed() % 2**63
 
 
 def _should_log(trainer: pl.Trainer) -> bool:

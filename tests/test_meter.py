@@ -54,16 +54,23 @@ def test_counting_stops_on_exception():
     assert _get_current_dispatch_mode() is None  # no FlopCounterMode left active
 
 
-def test_the_clocks_include_work_done_at_fit_start():
-    # BatchSizeFinder runs its trial steps in on_fit_start, ahead of every other callback: the recipe pays them
-    import time
+def test_the_clocks_include_work_done_at_fit_start(monkeypatch):
+    # BatchSizeFinder runs its trial steps in on_fit_start, ahead of every other callback: the recipe pays them.
+    # A fake clock that only that hook advances: the meter must count its 100 "seconds".
+    from types import SimpleNamespace
 
     from lightning.pytorch.callbacks import Callback
 
+    from lightning_speedups import meter as meter_module
+
+    clock = {"now": 0.0}
+    fake_time = SimpleNamespace(perf_counter=lambda: clock["now"], process_time=lambda: clock["now"])
+    monkeypatch.setattr(meter_module, "time", fake_time)  # the meter's clocks only, not the process's
+
     class SlowStart(Callback):
         def on_fit_start(self, trainer, pl_module):
-            time.sleep(0.3)
+            clock["now"] += 100.0
 
     meter = TrainingMeter()
     trainer(callbacks=[SlowStart(), meter], max_epochs=1).fit(Linear(), data(16), data(16))
-    assert meter.history[0].wall >= 0.3
+    assert meter.history[0].wall == 100.0 and meter.history[0].cpu == 100.0

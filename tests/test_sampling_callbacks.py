@@ -155,17 +155,22 @@ def test_difficulty_from_an_array_or_the_datamodule():
     np.testing.assert_array_equal(anti, from_dm[::-1])
 
 
+def per_sample_losses(model):
+    """The loss of each of IndexDM(80)'s samples under ``model``, computed by hand."""
+    dm = IndexDM(80)
+    dm.setup("fit")
+    x, y = dm.train_dataset.tensors
+    with torch.no_grad():
+        return F.cross_entropy(model(x), y, reduction="none").numpy()
+
+
 def test_loss_scorer_orders_by_the_initial_per_sample_loss():
     seed_everything(0)
     model = IndexModel(80)
     initial = copy.deepcopy(model)
     cur = CurriculumOrdering("fixed_exponential", difficulty=LossScore(), start_fraction=0.1, step_length=1000)
     fit([cur], model=model, max_epochs=1)
-    dm = IndexDM(80)
-    dm.setup("fit")
-    x, y = dm.train_dataset.tensors
-    with torch.no_grad():
-        loss = F.cross_entropy(initial(x), y, reduction="none").numpy()
+    loss = per_sample_losses(initial)
     np.testing.assert_allclose(cur.scores, loss, rtol=1e-6)
     easiest = set(np.argsort(loss, kind="stable")[:8].tolist())
     assert {i for b in model.seen for i in b} <= easiest  # the pool never grew (step_length 1000)
@@ -182,11 +187,7 @@ def test_a_second_fit_scores_its_own_model():
     second_model = IndexModel(80)
     initial = copy.deepcopy(second_model)
     fit([cur], model=second_model, max_epochs=1)
-    dm = IndexDM(80)
-    dm.setup("fit")
-    x, y = dm.train_dataset.tensors
-    with torch.no_grad():
-        loss = F.cross_entropy(initial(x), y, reduction="none").numpy()
+    loss = per_sample_losses(initial)
     np.testing.assert_allclose(cur.scores, loss, rtol=1e-6)
     assert not np.allclose(cur.scores, first)
 

@@ -23,6 +23,7 @@ from lightning_speedups.functional.batchnorm import (
     pool_batchnorm_statistics,
     recalibrate_batchnorm,
     snapshot_batchnorm,
+    train_modes_kept,
 )
 from lightning_speedups.functional.resizing import (
     INTERPOLATIONS,
@@ -479,12 +480,13 @@ class ProgressiveResizing(SpeedupCallback):
                 f"({type(err).__name__}: {err}). It calls `pl_module(images)`: pass "
                 "`calibration_forward=lambda module, images: ...`, or validation='train_size' or 'full'."
             ) from err
+        missed = {id(bn) for bn in unreached}
         if trainer.world_size > 1:
-            reached = [bn for bn in self._trained_bn if not any(bn is u for u in unreached)]
+            reached = [bn for bn in self._trained_bn if id(bn) not in missed]
             pool_batchnorm_statistics(pl_module, lambda t: trainer.strategy.reduce(t, reduce_op="mean"), reached)
-        if unreached and not self._warned_unreached:
+        if missed and not self._warned_unreached:
             self._warned_unreached = True
-            names = [name for name, m in pl_module.named_modules() if any(m is u for u in unreached)]
+            names = [name for name, m in pl_module.named_modules() if id(m) in missed]
             self.warn(
                 f"`pl_module(images)` never runs the BatchNorm layers {names}, so they are validated with their "
                 "training-size statistics. Pass `calibration_forward=lambda module, images: ...` that runs them "
@@ -495,10 +497,9 @@ class ProgressiveResizing(SpeedupCallback):
     def _check_calibration_forward(self, pl_module: pl.LightningModule, x: Tensor) -> None:
         """Before the first step, run the calibration forward once on two images (eval mode, no gradient), so
         that a model it cannot call fails now, not at the first validation after an epoch of training."""
-        modes = [(m, m.training) for m in pl_module.modules()]  # the user's frozen submodules stay frozen
-        pl_module.eval()  # BatchNorm statistics untouched
         try:
-            with torch.no_grad(), global_rng_kept():
+            with train_modes_kept(pl_module), torch.no_grad(), global_rng_kept():  # frozen submodules stay frozen
+                pl_module.eval()  # BatchNorm statistics untouched
                 self._forward(pl_module, x[:2])
         except Exception as err:
             raise RuntimeError(
@@ -506,9 +507,6 @@ class ProgressiveResizing(SpeedupCallback):
                 f"calling `pl_module(images)`, which fails on this model ({type(err).__name__}: {err}). Pass "
                 "`calibration_forward=lambda module, images: ...`, or validation='train_size' or 'full'."
             ) from err
-        finally:
-            for module, training in modes:
-                module.training = training
 
     def _forward(self, module: Any, images: Tensor) -> Any:
         if self.calibration_forward is not None:

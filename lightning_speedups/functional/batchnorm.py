@@ -8,7 +8,8 @@ evaluation size (as "precise BN" does) fixes that without touching the weights.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,17 @@ def snapshot_batchnorm(model: nn.Module, layers: Sequence[_BatchNorm] | None = N
         )
 
 
+@contextlib.contextmanager
+def train_modes_kept(model: nn.Module) -> Iterator[None]:
+    """Put every submodule's train/eval flag back as it was on exit (``model.train()`` would set them all)."""
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
 def _call(model: nn.Module, inputs: Any) -> Any:
     return model(inputs)
 
@@ -127,22 +139,19 @@ def recalibrate_batchnorm(
     if first is None:
         return 0
     forward = forward or _call
-    modes = [(m, m.training) for m in model.modules()]
     before = snapshot_batchnorm(model, tracked)
     used = 0
     try:
-        model.eval()
-        for bn in tracked:
-            bn.reset_running_stats()
-            bn.momentum = None  # cumulative average over the calibration batches
-            bn.training = True  # the flag only: a `train()` override that pins eval mode is not called
-        with torch.no_grad():
+        with train_modes_kept(model), torch.no_grad():
+            model.eval()
+            for bn in tracked:
+                bn.reset_running_stats()
+                bn.momentum = None  # cumulative average over the calibration batches
+                bn.training = True  # the flag only: a `train()` override that pins eval mode is not called
             for batch in (first, *batches):
                 forward(model, batch)
                 used += 1
     finally:
-        for module, training in modes:
-            module.training = training
         for bn, momentum in zip(tracked, before.momenta, strict=True):
             bn.momentum = momentum
     missed = [i for i, bn in enumerate(tracked) if bn.num_batches_tracked is not None and not bn.num_batches_tracked]
