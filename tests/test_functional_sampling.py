@@ -238,8 +238,15 @@ def test_curriculum_epoch_draws_from_the_pool_of_each_batch():
         assert rank[e[b * batch : (b + 1) * batch]].max() < pool
     assert e[40:].tolist() == unpaced[40:].tolist()  # all data available: the shuffled list's entries
     # a shard draws what the whole list has at its positions
-    shard = fs.curriculum_epoch(order, pools, batch, 60, seed=0, epoch=0, unpaced=unpaced[1::3], rank=1, num_replicas=3)
-    assert shard.tolist() == e[1::3].tolist()
+    # (ranks that divide the batch take whole runs of it; 3 does not; 57 positions end in a partial batch)
+    part = fs.curriculum_epoch(order, pools, batch, 57, seed=0, epoch=0, unpaced=unpaced[:57])
+    assert part.tolist() == e[:57].tolist()
+    for world in (2, 3, 5):
+        for r in range(world):
+            shard = fs.curriculum_epoch(
+                order, pools, batch, 57, seed=0, epoch=0, unpaced=unpaced[r:57:world], rank=r, num_replicas=world
+            )
+            assert shard.tolist() == e[r:57:world].tolist()
     assert len(set(e[:10].tolist())) <= 5
     # with counts, a sample is drawn in proportion to its count within the pool
     counts = np.ones(n, int)

@@ -544,6 +544,32 @@ def position_pools(
     return pool_sizes(fractions, num_samples), gb
 
 
+class _BatchRuns:
+    """A rank's positions ``where`` of an epoch list, grouped by the batch (of ``size`` positions) each is in.
+
+    :meth:`runs` yields views of a contiguous per-position array with the batch index of each, so per-batch
+    values apply without an array of a value per position. Rank ``r`` of ``W`` (``r < W``, ``size`` a multiple
+    of ``W``: every Lightning run) has ``size / W`` positions in each batch, in order: one reshape. Other
+    layouts fall back to the batch index of every position.
+    """
+
+    def __init__(self, length: int, size: int, where: slice) -> None:
+        start, stop, step = where.indices(length)
+        self.count = len(range(start, stop, step))
+        self.per_batch = size // step if size % step == 0 and start < step else 0
+        self.index = None if self.per_batch else (start + np.arange(self.count, dtype=np.int64) * step) // size
+
+    def runs(self, values: np.ndarray) -> list[tuple[np.ndarray, Any]]:
+        if not self.per_batch:
+            return [(values, self.index)]
+        q = self.per_batch
+        rows = self.count // q
+        out: list[tuple[np.ndarray, Any]] = [(values[: rows * q].reshape(rows, q), (slice(0, rows), None))]
+        if self.count > rows * q:
+            out.append((values[rows * q :], rows))
+        return out
+
+
 def curriculum_epoch(
     order: np.ndarray,
     batch_pools: np.ndarray,
@@ -580,7 +606,7 @@ def curriculum_epoch(
         raise ValueError(f"`batch_pools` covers {len(pools) * size} positions, fewer than `length` ({length}).")
     where = _positions(length, rank, num_replicas)
     # Every position's uniform draw, sliced to ours: the same list whatever the number of ranks.
-    u = epoch_rng(seed, epoch, STREAM_CURRICULUM).random(length)[where]
+    u = np.ascontiguousarray(epoch_rng(seed, epoch, STREAM_CURRICULUM).random(length)[where])
     if counts is None:
         table, entries = order, np.minimum(pools, n)
     else:
@@ -588,15 +614,20 @@ def curriculum_epoch(
         c = np.maximum(np.asarray(counts, dtype=np.int64)[order], 1)  # a zero count must not empty a pool
         cum = np.cumsum(c)
         table, entries = np.repeat(order, c), cum[np.minimum(pools, n) - 1]
-    # Work per batch, then spread over the batch's positions (the pool changes only between batches).
-    scale = np.repeat(entries.astype(np.float64), size)[:length][where]
-    pick = (u * scale).astype(np.int64)
-    np.minimum(pick, scale.astype(np.int64) - 1, out=pick)
+    # Work per batch, applied to each batch's positions in place (the pool changes only between batches): no
+    # array of a value per position beside the draws and the picks, which at 10M positions saves ~0.2 s.
+    batches = _BatchRuns(length, size, where)
+    for view, b in batches.runs(u):
+        view *= entries[b]
+    pick = u.astype(np.int64)
+    for view, b in batches.runs(pick):
+        np.minimum(view, entries[b] - 1, out=view)  # u * entries can round up to entries
     out = table[pick]
     full = pools >= n
     if np.any(full):
         if unpaced is None or len(unpaced) != len(out):
             raise ValueError("Positions with the whole dataset available need `unpaced`, one entry per position.")
-        mask = np.repeat(full, size)[:length][where]
-        out[mask] = unpaced[mask]
+        unpaced = np.ascontiguousarray(unpaced)
+        for (view, b), (src, _) in zip(batches.runs(out), batches.runs(unpaced), strict=True):
+            np.copyto(view, src, where=full[b])
     return out
