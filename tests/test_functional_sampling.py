@@ -253,6 +253,11 @@ def test_curriculum_epoch_draws_from_the_pool_of_each_batch():
     counts[order[0]] = 9  # the easiest sample: 9 of the 10 entries of a pool of 2
     big = fs.curriculum_epoch(order, np.full(400, 2), 10, 4000, seed=1, epoch=0, counts=counts)
     assert np.mean(big == order[0]) == pytest.approx(0.9, abs=0.03)
+    counts[order[0]] = 999  # beyond uint8; and a zero count still leaves its sample in the pool, once
+    counts[order[1]] = 0
+    big = fs.curriculum_epoch(order, np.full(400, 2), 10, 4000, seed=1, epoch=0, counts=counts)
+    assert np.mean(big == order[0]) == pytest.approx(999 / 1000, abs=0.003)
+    assert set(big.tolist()) <= {order[0], order[1]}
 
 
 # ---------------------------------------------------------------------------------------------- properties

@@ -247,9 +247,10 @@ def epoch_rng(seed: int, epoch: int, stream: int) -> np.random.Generator:
 def stochastic_round(values: np.ndarray, generator: np.random.Generator) -> np.ndarray:
     """Round each value down or up at random so that the expectation is the value: ``floor(v) + (u < frac)``."""
     v = np.asarray(values, dtype=np.float64)
-    whole = np.floor(v)
-    counts = whole.astype(np.int64)
-    counts += generator.random(v.shape) < v - whole
+    frac = np.floor(v)
+    counts = frac.astype(np.int64)
+    np.subtract(v, frac, out=frac)  # in place: one array fewer at 10M samples
+    counts += generator.random(v.shape) < frac
     return counts
 
 
@@ -544,6 +545,18 @@ def position_pools(
     return pool_sizes(fractions, num_samples), gb
 
 
+def _compact_counts(counts: np.ndarray) -> np.ndarray:
+    """Non-negative counts in the smallest unsigned dtype that holds them (uint8 for repeat factors below 256)."""
+    counts = np.asarray(counts)
+    largest = int(counts.max(initial=0))
+    if counts.min(initial=0) < 0:
+        raise ValueError("Counts must be >= 0.")
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if largest <= np.iinfo(dtype).max:
+            return counts.astype(dtype)
+    return counts.astype(np.int64)
+
+
 class _BatchRuns:
     """A rank's positions ``where`` of an epoch list, grouped by the batch (of ``size`` positions) each is in.
 
@@ -610,10 +623,15 @@ def curriculum_epoch(
     if counts is None:
         table, entries = order, np.minimum(pools, n)
     else:
-        # The epoch's entries sorted by difficulty: the pool of the k easiest samples is a prefix of it.
-        c = np.maximum(np.asarray(counts, dtype=np.int64)[order], 1)  # a zero count must not empty a pool
-        cum = np.cumsum(c)
-        table, entries = np.repeat(order, c), cum[np.minimum(pools, n) - 1]
+        # The epoch's entries sorted by difficulty: the pool of the k easiest samples is a prefix of it. Only
+        # the prefix up to the largest pool is built, and the running count only at the pools' edges.
+        limit = np.minimum(pools, n)
+        top = int(limit.max())
+        c = _compact_counts(counts)[order[:top]]  # a random gather: from a small dtype it stays in cache
+        np.maximum(c, 1, out=c)  # a zero count must not empty a pool
+        edges = np.unique(limit)  # the pool sizes in use, increasing; the last is `top`
+        sums = np.add.reduceat(c, np.concatenate(([0], edges[:-1])), dtype=np.int64)  # entries between edges
+        table, entries = np.repeat(order[:top], c), np.cumsum(sums)[np.searchsorted(edges, limit)]
     # Work per batch, applied to each batch's positions in place (the pool changes only between batches): no
     # array of a value per position beside the draws and the picks, which at 10M positions saves ~0.2 s.
     batches = _BatchRuns(length, size, where)
