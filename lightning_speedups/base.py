@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 
@@ -42,13 +42,49 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
+def accumulation(trainer: pl.Trainer, epoch: int | None = None) -> int:
+    """Batches per optimizer step in ``epoch`` (default: the current one).
+
+    A ``GradientAccumulationScheduler`` sets the trainer's value only at each epoch start, after ``setup`` and
+    ``on_train_start`` have read it, so its schedule is asked directly.
+    """
+    for cb in trainer.callbacks:
+        if isinstance(cb, GradientAccumulationScheduler):
+            return max(1, int(cb.get_accumulate_grad_batches(trainer.current_epoch if epoch is None else epoch)))
+    return max(1, int(trainer.accumulate_grad_batches))
+
+
+def run_length(trainer: pl.Trainer, *, from_epoch: int = 0, steps_before: int = 0) -> float:
+    """Optimizer steps of the whole run: ``inf`` when it has no bound (``max_time`` only, or an iterable
+    dataset without ``max_steps``).
+
+    Lightning's ``estimated_stepping_batches``, with each epoch's accumulation under a
+    ``GradientAccumulationScheduler`` (Lightning uses the current epoch's for every epoch) and ``inf``, not -1,
+    for an iterable dataset without ``max_steps``. ``steps_before`` steps taken before ``from_epoch``, then the
+    current loader's length for the rest: what a loader reloaded with another length at that epoch gives.
+    """
+    max_steps = trainer.max_steps if trainer.max_steps is not None and trainer.max_steps >= 0 else None
+    bounded = math.inf if max_steps is None else float(max_steps)
+    max_epochs = trainer.max_epochs
+    if max_epochs is None or max_epochs < 0:
+        return bounded
+    if trainer.train_dataloader is None:
+        trainer.fit_loop.setup_data()
+    batches = trainer.num_training_batches
+    if not math.isfinite(batches):
+        return bounded
+    batches = int(batches)
+    total = steps_before + sum(-(-batches // accumulation(trainer, e)) for e in range(from_epoch, max(max_epochs, 1)))
+    return float(min(total, bounded))
+
+
 def training_progress(trainer: pl.Trainer, total_steps: float | None = None) -> float:
     """Fraction of the run's optimizer steps already taken, clipped to [0, 1].
 
-    ``total_steps`` defaults to ``trainer.estimated_stepping_batches``, which accounts for ``max_epochs``,
-    ``max_steps``, ``limit_train_batches`` and gradient accumulation. Pass a cached value in hot paths.
+    ``total_steps`` defaults to :func:`run_length` (``max_epochs``, ``max_steps``, ``limit_train_batches``,
+    gradient accumulation, scheduled accumulation); pass a cached value in hot paths.
     """
-    total = trainer.estimated_stepping_batches if total_steps is None else total_steps
+    total = run_length(trainer) if total_steps is None else total_steps
     if not math.isfinite(total):
         raise RuntimeError(
             "Training progress needs a finite run length: set `max_steps` or `max_epochs` on the Trainer "
@@ -101,19 +137,34 @@ class SpeedupCallback(Callback):
         self._given_seed = self.seed  # the user's choice; `seed` itself is filled in at each fit
         self.log_knobs = bool(log_knobs)
         self._total_steps: float | None = None
+        # (step, progress) from which the rest of the run is spread over the steps left: (0, 0) unless a loader
+        # reloaded with another length, when the progress reached so far is kept (it never goes back)
+        self._anchor: tuple[int, float] = (0, 0.0)
+        self._loaded_progress: tuple[float, tuple[int, float]] | None = None
 
     # ------------------------------------------------------------------ progress
     def progress(self, trainer: pl.Trainer) -> float:
         """Fraction of training done, in [0, 1]; 0 before training starts."""
         if self._total_steps is None:
             return 0.0
-        return training_progress(trainer, self._total_steps)
+        step0, p0 = self._anchor
+        if step0 == 0 and p0 == 0.0:
+            return training_progress(trainer, self._total_steps)
+        total = self._total_steps
+        training_progress(trainer, total)  # the error for an unbounded run
+        if total <= step0:
+            return 1.0
+        return min(1.0, max(p0, p0 + (1.0 - p0) * (trainer.global_step - step0) / (total - step0)))
 
-    def _refresh_total_steps(self, trainer: pl.Trainer) -> None:
-        try:
-            self._total_steps = float(trainer.estimated_stepping_batches)
-        except Exception:  # e.g. GradientAccumulationScheduler with varying factors
-            self._total_steps = float(trainer.max_steps) if trainer.max_steps and trainer.max_steps > 0 else None
+    def _refresh_total_steps(self, trainer: pl.Trainer, *, reloaded: bool = False) -> None:
+        if not reloaded:
+            self._total_steps, self._anchor = run_length(trainer), (0, 0.0)
+            return
+        # A loader reloaded at this epoch's start, maybe with another length: the progress reached stands, and
+        # the rest of the run (the steps taken so far, then the new length) spreads the remainder
+        reached = self.progress(trainer) if self._total_steps is not None else 0.0
+        self._anchor = (int(trainer.global_step), reached) if reached > 0.0 else (0, 0.0)
+        self._total_steps = run_length(trainer, from_epoch=trainer.current_epoch, steps_before=trainer.global_step)
 
     # ------------------------------------------------------------------ batches
     def transform_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
@@ -209,10 +260,17 @@ class SpeedupCallback(Callback):
         return self._generate_state_key(**fields) if fields else type(self).__qualname__
 
     def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed}
+        state: dict[str, Any] = {"seed": self.seed}
+        if self._anchor != (0, 0.0) and self._total_steps is not None:  # only after a reload moved it
+            state["progress"] = {"total_steps": self._total_steps, "anchor": list(self._anchor)}
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.seed = state_dict.get("seed", self.seed)
+        saved = state_dict.get("progress")
+        if saved is not None:
+            step0, p0 = saved["anchor"]
+            self._loaded_progress = (float(saved["total_steps"]), (int(step0), float(p0)))
 
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -220,6 +278,7 @@ class SpeedupCallback(Callback):
             return
         self._state_key_cache = None
         self._state_key_cache = self.state_key
+        self._loaded_progress = None  # a checkpoint's, if any, is loaded after setup
         # each fit takes the process seed anew (unless one was given); a resume then restores the saved one
         self.seed = self._given_seed if self._given_seed is not None else _process_seed()
         if self.transforms_batches:
@@ -245,11 +304,15 @@ class SpeedupCallback(Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._refresh_total_steps(trainer)
+        if self._loaded_progress is not None and trainer.reload_dataloaders_every_n_epochs:
+            # resumed after a reload: the earlier epochs' lengths are gone, the checkpoint kept where they led
+            self._total_steps, self._anchor = self._loaded_progress
+        self._loaded_progress = None
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The loader may have been reloaded (reload_dataloaders_every_n_epochs) with another length.
         if trainer.reload_dataloaders_every_n_epochs:
-            self._refresh_total_steps(trainer)
+            self._refresh_total_steps(trainer, reloaded=True)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int

@@ -4,10 +4,10 @@ import warnings
 
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import GradientAccumulationScheduler, ModelCheckpoint
 
 from lightning_speedups import MixUp, SpeedupCallback, SpeedupWarning, training_progress
-from tests.helpers import MemoryLogger, RecordingModule, loaders, trainer
+from tests.helpers import MemoryLogger, RecordingModule, image_tensors, loaders, trainer
 
 
 class ProgressProbe(SpeedupCallback):
@@ -69,12 +69,60 @@ def test_progress_continues_after_resume(tmp_path):
 def test_progress_needs_a_finite_run():
     class T:
         global_step = 3
-        estimated_stepping_batches = float("inf")
 
     with pytest.raises(RuntimeError, match="max_steps"):
-        training_progress(T())
-    T.estimated_stepping_batches = 12
-    assert training_progress(T()) == 0.25
+        training_progress(T(), float("inf"))
+    assert training_progress(T(), 12) == 0.25
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        x, y = image_tensors(32)
+        return iter(zip(x, y, strict=True))
+
+
+def test_an_iterable_dataset_without_max_steps_has_no_progress_rather_than_full_progress():
+    # Lightning's estimated_stepping_batches is -1 here; read as a length, every step would be past the end
+    probe = ProgressProbe()
+    with pytest.raises(RuntimeError, match="finite run length"):
+        trainer(callbacks=[probe], max_epochs=1).fit(
+            RecordingModule(record=False), torch.utils.data.DataLoader(Stream(), batch_size=8)
+        )
+    probe = ProgressProbe()
+    trainer(callbacks=[probe], max_steps=4).fit(
+        RecordingModule(record=False), torch.utils.data.DataLoader(Stream(), batch_size=8)
+    )
+    assert [p for _, p in probe.seen] == [0, 0.25, 0.5, 0.75]
+
+
+def test_progress_counts_each_epochs_accumulation_under_a_scheduler():
+    # 4 batches per epoch, accumulation 1 then 2 then 4: 4 + 2 + 1 = 7 steps (Lightning would say 3 x 4 = 12)
+    probe = ProgressProbe()
+    t = trainer(callbacks=[probe, GradientAccumulationScheduler({0: 1, 1: 2, 2: 4})], max_epochs=3)
+    t.fit(RecordingModule(record=False), loaders()[0])
+    assert t.global_step == 7
+    assert [p for _, p in probe.seen] == pytest.approx([s / 7 for s, _ in probe.seen])
+
+
+class GrowingLoader(RecordingModule):
+    """4 batches in epoch 0, then 8: the loader reloads with another length."""
+
+    def train_dataloader(self):
+        n = 64 if self.trainer.current_epoch == 0 else 128
+        return loaders(n=n)[0]
+
+
+def test_progress_after_a_reload_keeps_the_steps_taken_and_counts_the_rest_at_the_new_length():
+    probe = ProgressProbe()
+    t = trainer(callbacks=[probe], max_epochs=3, reload_dataloaders_every_n_epochs=1)
+    t.fit(GrowingLoader(record=False))
+    assert t.global_step == 4 + 8 + 8
+    progress = [p for _, p in probe.seen]
+    assert progress[:4] == pytest.approx([s / 12 for s in range(4)])  # 4 + 4 + 4 planned in epoch 0
+    # at the reload, 4 of 12 planned steps were done: the progress reached (1/3) stands, and the 16 steps left
+    # spread the remaining 2/3, so it never goes back and ends where an uninterrupted schedule would
+    assert progress[4:] == pytest.approx([1 / 3 + (2 / 3) * (s - 4) / 16 for s in range(4, 20)])
+    assert progress == sorted(progress)
 
 
 def test_knobs_go_to_every_logger_at_the_logging_cadence():
@@ -165,3 +213,19 @@ def test_seed_is_resolved_at_fit_and_survives_state_dict():
 def test_bad_seed(seed):
     with pytest.raises((ValueError, TypeError), match="seed"):
         MixUp(seed=seed)
+
+
+@pytest.mark.parametrize("step", [6, 12])  # mid-epoch 1, and the end of epoch 1
+def test_progress_after_a_reload_resumes_where_the_uninterrupted_run_was(tmp_path, step):
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=step, save_top_k=-1)
+    first = ProgressProbe()
+    trainer(callbacks=[first, ckpt], max_epochs=3, reload_dataloaders_every_n_epochs=1, enable_checkpointing=True).fit(
+        GrowingLoader(record=False)
+    )
+    resumed = ProgressProbe()
+    path = next(tmp_path.glob(f"*step={step}.ckpt"))
+    trainer(callbacks=[resumed], max_epochs=3, reload_dataloaders_every_n_epochs=1).fit(
+        GrowingLoader(record=False), ckpt_path=str(path)
+    )
+    assert [s for s, _ in resumed.seen] == [s for s, _ in first.seen[step:]]
+    assert [p for _, p in resumed.seen] == pytest.approx([p for _, p in first.seen[step:]])

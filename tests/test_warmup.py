@@ -250,6 +250,21 @@ def test_an_update_that_raises_leaves_the_schedulers_learning_rate():
     assert module.opt.param_groups[0]["lr"] == pytest.approx(sched[2])  # restored: safe to checkpoint or go on
 
 
+def test_a_fit_that_raises_takes_its_step_hooks_off_the_optimizer():
+    class Crash(WarmupModule):
+        def training_step(self, batch, batch_idx):
+            if self.global_step == 2:
+                raise KeyError("boom")
+            return super().training_step(batch, batch_idx)
+
+    module, cb = Crash("none"), LinearScalingWarmup(8, warmup=4, warmup_unit="steps")
+    with pytest.raises(KeyError, match="boom"):
+        fit(module, [cb], max_epochs=2)
+    assert cb.updates == [2]
+    module.opt.step()  # the user's own step after the failed fit: neither scaled nor counted
+    assert module.used[-1] == pytest.approx(LR) and cb.updates == [2]
+
+
 # ---------------------------------------------------------------------- groups, optimizers, logging
 @pytest.mark.parametrize("opt_out", ["key", "pair", "index"])
 def test_a_param_group_can_opt_out(opt_out):
@@ -316,6 +331,48 @@ def test_logs_the_effective_lr_where_lr_monitor_shows_the_schedulers():
     assert h["lr_warmup/factor"] == pytest.approx([ramp(t, 4, 2.0) for t in range(8)])
 
 
+class SchedulerOnTheSecond(TwoOptimizers):
+    """LearningRateMonitor names optimizers with a scheduler first, and takes a scheduler config's `name`."""
+
+    def __init__(self, sched_name=None):
+        super().__init__()
+        self.sched_name = sched_name
+
+    def configure_optimizers(self):
+        first, second = super().configure_optimizers()
+        for group in second.param_groups:
+            group["lr"] = LR / 10  # tells the two apart
+        config = {"scheduler": torch.optim.lr_scheduler.StepLR(second, 100), "interval": "step"}
+        if self.sched_name:
+            config["name"] = self.sched_name
+        return [first, second], [config]
+
+
+@pytest.mark.parametrize("sched_name", [None, "head"])
+def test_effective_lr_keys_match_lr_monitors_for_each_optimizer(sched_name):
+    module, logger = SchedulerOnTheSecond(sched_name), MemoryLogger()
+    cb = LinearScalingWarmup(16, warmup=0, warmup_unit="steps")  # factor 1: effective == scheduled
+    fit(module, [cb, LearningRateMonitor("step")], max_epochs=1, logger=logger, log_every_n_steps=1)
+    monitor = {k for k in logger.history if k.startswith("lr-") or k == sched_name}
+    ours = {k.removeprefix("lr_warmup/") for k in logger.history if k.startswith("lr_warmup/")} - {
+        "scale",
+        "factor",
+        "global_batch_size",
+    }
+    assert monitor == ours and len(ours) == 2
+    second = sched_name or "lr-RecordingSGD"  # the optimizer with the scheduler comes first
+    assert logger.history[f"lr_warmup/{second}"][-1][1] == pytest.approx(module.second.param_groups[0]["lr"])
+
+
+def test_a_second_fit_reports_only_its_own_optimizers():
+    logger = MemoryLogger()
+    cb = LinearScalingWarmup(8, warmup=2, warmup_unit="steps")
+    fit(TwoOptimizers(), [cb], max_epochs=1)
+    fit(WarmupModule("none"), [cb], max_epochs=1, logger=logger, log_every_n_steps=1)  # one optimizer now
+    assert "lr_warmup/lr-RecordingSGD-1" not in logger.history
+    assert len(logger.history["lr_warmup/lr-RecordingSGD"]) == 4
+
+
 # ---------------------------------------------------------------------- BatchSizeFinder
 @pytest.mark.parametrize("order", ["finder-first", "warmup-first"])
 def test_follows_the_batch_size_that_batch_size_finder_picks(tmp_path, order):
@@ -341,6 +398,20 @@ def test_initial_reference_is_the_batch_asked_for_before_the_finder_changes_it(t
     assert module.batch_size == 8 and cb.scale == 2.0  # tuned at 4 (what the module asked for), trained at 8
     assert cb.state_dict()["initial_reference"] == 4
     assert module.used[3:] == pytest.approx([lr * ramp(t, 4, 2.0) for t, lr in enumerate(scheduled_lrs("cosine", 8))])
+
+
+def test_initial_reference_is_the_batch_asked_for_before_the_tuners_search(tmp_path):
+    from lightning.pytorch.tuner import Tuner
+
+    module = WarmupModule("cosine", batch_size=4)
+    cb = LinearScalingWarmup("initial", warmup=4, warmup_unit="steps")
+    t = trainer(callbacks=[cb], max_epochs=1, default_root_dir=tmp_path)
+    found = Tuner(t).scale_batch_size(module, mode="power", init_val=2, max_trials=3, steps_per_trial=1)
+    assert found == module.batch_size == 8
+    t.fit(module)
+    assert cb.scale == 2.0 and cb.state_dict()["initial_reference"] == 4
+    fit(module, [cb], max_epochs=1)  # a later fit on its own reads the batch asked for then
+    assert cb.scale == 1.0
 
 
 def test_initial_reference_on_one_device_leaves_the_learning_rate_alone():
@@ -588,6 +659,26 @@ class Stream(IterableDataset):
     def __iter__(self):
         x, y = image_tensors(32)
         return iter(zip(x, y, strict=True))
+
+
+def test_a_fraction_warmup_needs_a_bounded_run():
+    class Streaming(WarmupModule):
+        def train_dataloader(self):
+            return DataLoader(Stream(), batch_size=8)
+
+    # Lightning's own estimate is -1 here: never a warmup of one update
+    with pytest.raises(ValueError, match=r"warmup_unit='fraction'\) needs a finite run"):
+        fit(Streaming("none"), [LinearScalingWarmup(8, warmup=0.5, warmup_unit="fraction")], max_epochs=2)
+
+
+def test_a_fraction_warmup_counts_each_epochs_scheduled_accumulation():
+    # 4 batches per epoch, accumulation 1, 1, 4: 4 + 4 + 1 = 9 updates, so half the run is 4.5 -> 4 updates
+    module = WarmupModule("none")
+    cb = LinearScalingWarmup(16, warmup=0.5, warmup_unit="fraction")
+    fit(module, [cb, GradientAccumulationScheduler({0: 1, 2: 4})], max_epochs=3)
+    assert cb.updates == [9] and cb.warmup_steps == 4
+    assert module.used[:4] == pytest.approx([LR * ramp(t, 4, 1.0) for t in range(4)])
+    assert module.used[8] == pytest.approx(LR * 4.0)  # 16 x 4 accumulated / 16: the scale of the last epoch
 
 
 def test_a_warmup_in_epochs_needs_a_sized_loader():

@@ -7,14 +7,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
-from lightning.pytorch.callbacks import GradientAccumulationScheduler
+from lightning.pytorch.callbacks import BatchSizeFinder
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from lightning_speedups import _checks
-from lightning_speedups.base import SpeedupCallback
+from lightning_speedups.base import SpeedupCallback, accumulation, run_length
 from lightning_speedups.functional.warmup import (
     SCALING_RULES,
     WARMUP_STARTS,
@@ -149,6 +149,7 @@ class LinearScalingWarmup(SpeedupCallback):
         self._plan_stale = True
         self._last_factor: float | None = None
         self._last_lrs: dict[int, list[Any]] = {}
+        self._keep_reference = False  # keep `_initial_reference` for the next fit (after a batch-size search)
 
     # ------------------------------------------------------------------ public read-outs
     @property
@@ -180,12 +181,16 @@ class LinearScalingWarmup(SpeedupCallback):
             self._updates = None  # a checkpoint's count, if any, is loaded after this
             self._done = None
             self._plan = None
+            self._last_factor, self._last_lrs = None, {}  # an earlier fit's read-outs are not this one's
+            if self._keep_reference:  # the fit before only searched the batch size (Tuner.scale_batch_size)
+                self._keep_reference = False
+                return
             self._initial_reference = None
             if self.reference_batch_size == "initial" and lightning_hasattr(pl_module, "batch_size"):
                 # read before BatchSizeFinder (on_fit_start) changes it; a checkpoint's value wins later
                 size = lightning_getattr(pl_module, "batch_size")
                 if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-                    self._initial_reference = size * _accumulation(trainer)
+                    self._initial_reference = size * accumulation(trainer)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._check_optimizers(trainer)
@@ -231,12 +236,19 @@ class LinearScalingWarmup(SpeedupCallback):
         self._unregister()
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        self._restore_all()  # never leave a scaled learning rate behind (e.g. in an on-exception checkpoint)
+        # Lightning skips `teardown` after an exception: take the step hooks off the optimizers here, or they
+        # would keep scaling (and counting) the updates of whatever steps those optimizers next
+        self._unregister()  # restores the learning rates first (e.g. for an on-exception checkpoint)
+        self._trainer = None
         super().on_exception(trainer, pl_module, exception)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._unregister()
         self._trainer = None
+        if stage == "fit" and _only_searched_batch_size(trainer):
+            # `Tuner.scale_batch_size` ran a fit that stops after the search; the next fit is the real one,
+            # and the batch asked for is the one read before the search, not the one it found
+            self._keep_reference = self._initial_reference is not None
         super().teardown(trainer, pl_module, stage)
 
     # ------------------------------------------------------------------ state and logging
@@ -268,6 +280,8 @@ class LinearScalingWarmup(SpeedupCallback):
             "global_batch_size": float(self._plan.global_batch),
         }
         for i, lrs in self._last_lrs.items():
+            if i >= len(self._names):  # optimizers swapped for fewer
+                continue
             groups = self._optimizers[i].param_groups if i < len(self._optimizers) else []
             for j, lr in enumerate(lrs):
                 out[_group_name(self._names[i], groups, j)] = float(lr)
@@ -365,7 +379,8 @@ class LinearScalingWarmup(SpeedupCallback):
     def _register(self, trainer: pl.Trainer) -> None:
         self._unregister()
         self._optimizers = list(trainer.optimizers)
-        self._names = _optimizer_names(self._optimizers)
+        self._names = _optimizer_names(self._optimizers, trainer.lr_scheduler_configs)
+        self._last_lrs = {}
         assert self._updates is not None and self._done is not None and self._plan is not None
         count = len(self._optimizers)
         start = int(trainer.global_step)
@@ -390,7 +405,7 @@ class LinearScalingWarmup(SpeedupCallback):
 
     def _refresh_plan(self, trainer: pl.Trainer) -> _Plan:
         batch_size = self.batch_size or _loader_batch_size(trainer.train_dataloader)
-        accumulate = _accumulation(trainer)
+        accumulate = accumulation(trainer)
         world_size = int(trainer.world_size)
         num_batches = trainer.num_training_batches
         key = (batch_size, accumulate, world_size, num_batches)
@@ -433,7 +448,12 @@ class LinearScalingWarmup(SpeedupCallback):
             self.warn(
                 f"the warmup ({self.warmup:g} {self.warmup_unit} = {plan.warmup_steps} updates) is longer than "
                 f"training ({int(total)} updates), so the scaled learning rate (x {plan.scale:.4g}) is never "
-                "reached. Shorten `warmup`, or give it as a fraction of the run (`warmup_unit='fraction'`)."
+                "reached. "
+                + (
+                    "Shorten `warmup`."
+                    if self.warmup_unit == "fraction"
+                    else "Shorten `warmup`, or give it as a fraction of the run (`warmup_unit='fraction'`)."
+                )
             )
 
     def _check_optimizers(self, trainer: pl.Trainer) -> None:
@@ -518,15 +538,6 @@ def _is_index(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _accumulation(trainer: pl.Trainer) -> int:
-    """The gradient accumulation of the current epoch: a ``GradientAccumulationScheduler`` sets the trainer's only
-    at each epoch start, after ``setup`` and ``on_train_start`` have read it."""
-    for cb in trainer.callbacks:
-        if isinstance(cb, GradientAccumulationScheduler):
-            return int(cb.get_accumulate_grad_batches(trainer.current_epoch))
-    return int(trainer.accumulate_grad_batches)
-
-
 def _loader_batch_size(loader: Any) -> int:
     if isinstance(loader, DataLoader):
         if loader.batch_size is not None:
@@ -546,10 +557,7 @@ def _loader_batch_size(loader: Any) -> int:
 
 
 def _total_steps(trainer: pl.Trainer) -> float | None:
-    try:
-        total = float(trainer.estimated_stepping_batches)
-    except Exception:  # e.g. a GradientAccumulationScheduler with changing factors
-        total = float(trainer.max_steps) if trainer.max_steps and trainer.max_steps > 0 else math.inf
+    total = run_length(trainer)
     return total if math.isfinite(total) else None
 
 
@@ -558,15 +566,39 @@ def _snapshot(lr: Any) -> Any:
     return lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
 
 
-def _optimizer_names(optimizers: list[Optimizer]) -> list[str]:
-    """``lr-<Optimizer>``, ``lr-<Optimizer>-1`` for a second one of the same class: LearningRateMonitor's names."""
-    names, seen = [], {}
+def _optimizer_names(optimizers: list[Optimizer], scheduler_configs: Sequence[Any] = ()) -> list[str]:
+    """``LearningRateMonitor``'s name of each optimizer, so both plot under matching keys.
+
+    Its rule: optimizers with a scheduler first, in scheduler order, named by the scheduler config's ``name`` if
+    it has one, else ``lr-<Optimizer class>``; then the others; the n-th (n > 1) of a class so far gets
+    ``-<n - 1>`` (configs with a ``name`` do not count, but do get the suffix).
+    """
+    seen: dict[int, str] = {}
+    counts: dict[type, int] = {}
+
+    def name_of(opt: Optimizer, given: str | None) -> str:
+        cls = type(opt)
+        if given is None:
+            counts[cls] = counts.get(cls, 0) + 1
+        name = given if given is not None else f"lr-{cls.__name__}"
+        count = counts.get(cls, 0)
+        return f"{name}-{count - 1}" if count > 1 else name
+
+    for config in scheduler_configs:
+        opt = getattr(config.scheduler, "optimizer", None)
+        if opt is not None and id(opt) not in seen:
+            seen[id(opt)] = name_of(opt, getattr(config, "name", None))
+        elif opt is not None and getattr(config, "name", None) is None:
+            counts[type(opt)] = counts.get(type(opt), 0) + 1  # a second scheduler of one optimizer counts too
     for opt in optimizers:
-        base = f"lr-{type(opt).__name__}"
-        count = seen.get(base, 0)
-        seen[base] = count + 1
-        names.append(base if count == 0 else f"{base}-{count}")
-    return names
+        if id(opt) not in seen:
+            seen[id(opt)] = name_of(opt, None)
+    return [seen[id(opt)] for opt in optimizers]
+
+
+def _only_searched_batch_size(trainer: pl.Trainer) -> bool:
+    """Whether this fit was ``Tuner.scale_batch_size``'s: its ``BatchSizeFinder`` stops the fit after the search."""
+    return any(isinstance(cb, BatchSizeFinder) and getattr(cb, "_early_exit", False) for cb in trainer.callbacks)
 
 
 def _group_name(name: str, groups: list[dict[str, Any]], j: int) -> str:
