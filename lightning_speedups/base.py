@@ -104,8 +104,8 @@ class SpeedupCallback(Callback):
     * :meth:`knobs` to report their current settings, which are logged as ``<log_name>/<knob>``;
     * ``state_dict``/``load_state_dict`` (call ``super()``) for state that must survive a resume, and
       :meth:`state_key_fields` when several instances of one class may share a trainer;
-    * the usual Lightning hooks, calling ``super()`` for ``setup``, ``teardown``, ``on_train_start``,
-      ``on_train_epoch_start`` and ``on_train_batch_end``.
+    * the usual Lightning hooks, calling ``super()`` for ``setup``, ``teardown``, ``on_exception``,
+      ``on_train_start``, ``on_train_epoch_start`` and ``on_train_batch_end``.
 
     Args:
         seed: seed of the callback's random draws. ``None`` takes the process seed at fit start

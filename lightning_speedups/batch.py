@@ -192,7 +192,14 @@ def _write(batch: Any, updates: dict[Key, Any]) -> Any:
         items = list(batch)
         for k, v in updates.items():
             items[k] = v
-        return items if isinstance(batch, list) else type(batch)(items)
+        if type(batch) is list:
+            return items
+        if isinstance(batch, list):  # a list subclass: a shallow copy keeps its type and attributes
+            new_list = copy.copy(batch)
+            for k, v in updates.items():
+                new_list[k] = v
+            return new_list
+        return type(batch)(items)
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
         return dataclasses.replace(batch, **updates)
     try:

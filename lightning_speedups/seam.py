@@ -38,6 +38,12 @@ class BatchTransformSeam:
         self._previous_instance_attr = self.strategy.__dict__.get("batch_to_device")
         self._original: Callable[..., Any] = self.strategy.batch_to_device
         self.transforms: list[Any] = []
+        # `transforms` less those not in `trainer.callbacks` right now: BatchSizeFinder and the LR finder run
+        # their trial steps with the callbacks swapped out (a new list), and a trial must see the batches as
+        # they come (a batch size found on resized images would not fit at full size). Worked out again
+        # whenever `trainer.callbacks` is another list object: one identity check per batch.
+        self._active: list[Any] = []
+        self._active_for: Any = None
 
     def __call__(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
         batch = self._original(batch, device, dataloader_idx)
@@ -45,14 +51,18 @@ class BatchTransformSeam:
         # One read of the stage rather than `trainer.training and not trainer.sanity_checking` (each a chain of
         # properties and a string-enum comparison, paid on every batch): sanity checking is a stage of its own.
         stage = trainer.state.stage
+        if stage is not RunningStage.TRAINING and stage is not RunningStage.VALIDATING:
+            return batch
+        if trainer.callbacks is not self._active_for:
+            self._refresh_active()
         if stage is RunningStage.TRAINING:
             pl_module = trainer.lightning_module
-            for callback in self.transforms:
+            for callback in self._active:
                 batch = callback.transform_batch(trainer, pl_module, batch)
-        elif stage is RunningStage.VALIDATING:
+        else:
             # Optional, for callbacks that change what validation during fit sees (e.g. its image size).
             pl_module = trainer.lightning_module
-            for callback in self.transforms:
+            for callback in self._active:
                 hook = getattr(callback, "transform_validation_batch", None)
                 if hook is not None:
                     batch = hook(trainer, pl_module, batch)
@@ -61,6 +71,13 @@ class BatchTransformSeam:
     def _order(self) -> None:
         position = {id(cb): i for i, cb in enumerate(self.trainer.callbacks)}
         self.transforms.sort(key=lambda cb: position.get(id(cb), len(position)))
+        self._active_for = None  # worked out again at the next batch
+
+    def _refresh_active(self) -> None:
+        callbacks = self.trainer.callbacks
+        present = {id(cb) for cb in callbacks}
+        self._active = [cb for cb in self.transforms if id(cb) in present]
+        self._active_for = callbacks
 
 
 def install(trainer: pl.Trainer, callback: Any) -> BatchTransformSeam:
@@ -84,6 +101,7 @@ def uninstall(trainer: pl.Trainer, callback: Any) -> None:
     if seam is None:
         return
     seam.transforms = [cb for cb in seam.transforms if cb is not callback]
+    seam._active_for = None
     if seam.transforms:
         return
     if strategy.__dict__.get("batch_to_device") is seam:

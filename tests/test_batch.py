@@ -21,6 +21,18 @@ class FrozenSample:
 NEW_X, NEW_Y = torch.ones(2, 3), torch.tensor([[0.5, 0.5], [0.5, 0.5]])
 
 
+class TaggedList(list):
+    """A list subclass with an attribute, as some collate functions return."""
+
+    tag = "class default"
+
+
+def tagged(*items):
+    out = TaggedList(items)
+    out.tag = "mine"
+    return out
+
+
 @pytest.mark.parametrize(
     ("batch", "fields"),
     [
@@ -34,6 +46,7 @@ NEW_X, NEW_Y = torch.ones(2, 3), torch.tensor([[0.5, 0.5], [0.5, 0.5]])
         (Pair(X, Y), BatchFields("image", "label")),
         (Sample(X, Y), BatchFields()),
         (FrozenSample(X, Y), BatchFields()),
+        (tagged(X, Y), BatchFields()),
     ],
 )
 def test_get_and_replace_keep_the_container_and_leave_the_original(batch, fields):
@@ -45,6 +58,8 @@ def test_get_and_replace_keep_the_container_and_leave_the_original(batch, fields
     assert fields.get_input(batch) is X  # the original batch is untouched
     if isinstance(batch, dict):
         assert set(new) == set(batch)
+    if isinstance(batch, TaggedList):
+        assert new.tag == "mine"
 
 
 def test_replace_only_the_target():

@@ -94,6 +94,16 @@ def test_a_model_without_dropout_gets_a_warning_not_an_error():
     assert len(model.train_batches) == 2
 
 
+def test_a_rate_under_an_unknown_name_is_named_in_a_warning():
+    class HiddenRate(RecordingModule):
+        def __init__(self):
+            super().__init__(record=False)
+            self.attn_dropout_prob = 0.1  # read by a forward as F.dropout(x, self.attn_dropout_prob)
+
+    with pytest.warns(SpeedupWarning, match=r"no dropout.*\(model\)\.attn_dropout_prob=0\.1"):
+        trainer(callbacks=[DropoutRemoval()], max_steps=1).fit(HiddenRate(), loaders("list")[0])
+
+
 @pytest.mark.parametrize("step", [3, 10], ids=["before-start", "after-start"])
 def test_resume_keeps_dropout_where_the_uninterrupted_run_had_it(tmp_path, step):
     seed_everything(3)

@@ -13,6 +13,7 @@ from lightning_speedups.functional import (
     recalibrate_batchnorm,
     restore_dropout,
     snapshot_batchnorm,
+    unhandled_dropout,
 )
 
 
@@ -241,3 +242,45 @@ def test_snapshot_restores_in_place(momentum):
     recalibrate_batchnorm(net, [torch.randn(4, 1, 5, 5) + 3])
     snap.restore()
     assert net[1].running_mean is buffer and torch.equal(buffer, torch.zeros(3)) and net[1].momentum == momentum
+
+
+class ReadOnlyRate(nn.Module):
+    """A dropout rate derived from elsewhere: a property with no setter, which must not be touched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.5)
+        self.base = 0.2
+
+    @property
+    def attention_dropout(self) -> float:
+        return self.base / 2
+
+
+def test_a_read_only_rate_is_left_alone_and_a_failed_switch_changes_nothing():
+    model = nn.Sequential(ReadOnlyRate(), nn.Dropout(0.3))
+    assert [(s.name, s.attribute) for s in find_dropout(model)] == [("0.drop", "p"), ("1", "p")]
+    assert len(disable_dropout(model)) == 2 and model[1].p == 0.0
+
+    class Refuses(nn.Dropout):
+        def __setattr__(self, name, value):
+            if name == "p" and value == 0.0:
+                raise ValueError("frozen")
+            super().__setattr__(name, value)
+
+    model = nn.Sequential(nn.Dropout(0.3), Refuses(0.4))
+    with pytest.raises(RuntimeError, match=r"'1'\.p to 0.*as they were"):
+        disable_dropout(model)
+    assert model[0].p == 0.3 and model[1].p == 0.4  # all or nothing
+
+
+def test_unknown_rate_names_are_listed_not_changed():
+    class Custom(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn_dropout_prob, self.dropout_rate, self.drop_path = 0.1, 0.2, 0.0
+
+    model = nn.Sequential(Custom(), nn.Dropout(0.5))
+    assert unhandled_dropout(model) == ["0.attn_dropout_prob=0.1"]  # dropout_rate is known; zeros are no dropout
+    assert {s.attribute for s in disable_dropout(model)} == {"dropout_rate", "p"}
+    assert model[0].attn_dropout_prob == 0.1

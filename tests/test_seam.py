@@ -142,3 +142,35 @@ def test_dataloader_iter_training_step_is_refused_at_fit_start():
     with pytest.raises(RuntimeError, match="dataloader_iter"):
         t.fit(IterModule(), *loaders("list", n=16))
     assert "batch_to_device" not in vars(t.strategy)
+
+
+class SizeProbe(AddToInput):
+    def transform_batch(self, trainer, pl_module, batch):
+        self.sizes.append(len(self.fields.get_input(batch)))
+        return super().transform_batch(trainer, pl_module, batch)
+
+
+class SizedModule(RecordingModule):
+    def __init__(self):
+        super().__init__(record=False)
+        self.batch_size = 2
+
+    def train_dataloader(self):
+        return loaders(n=64, batch_size=self.batch_size)[0]
+
+    def val_dataloader(self):  # the finder's trials validate too
+        return loaders(n=8)[1]
+
+
+def test_batch_size_finder_trials_see_untransformed_batches():
+    # The finder runs its trials with `trainer.callbacks` swapped out: they must measure the batches as they
+    # come (a size found on, say, shrunken images would not fit at full size), and the real run resumes ours.
+    from lightning.pytorch.callbacks import BatchSizeFinder
+
+    probe = SizeProbe(1.0, [])
+    probe.sizes = []
+    finder = BatchSizeFinder(mode="power", init_val=2, steps_per_trial=1, max_trials=3)
+    t = trainer(callbacks=[finder, probe], max_steps=2)
+    t.fit(SizedModule())
+    assert finder.optimal_batch_size == 8
+    assert probe.sizes == [8, 8]  # the two real steps only: none of the trials' 2, 4, 8

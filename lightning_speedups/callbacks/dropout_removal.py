@@ -8,7 +8,13 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_speedups import _checks
 from lightning_speedups.base import SpeedupCallback
-from lightning_speedups.functional.dropout import DropoutSite, disable_dropout, find_dropout, restore_dropout
+from lightning_speedups.functional.dropout import (
+    DropoutSite,
+    disable_dropout,
+    find_dropout,
+    restore_dropout,
+    unhandled_dropout,
+)
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -72,8 +78,20 @@ class DropoutRemoval(SpeedupCallback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         # Here rather than in setup: modules built in `configure_model` exist by now.
+        unknown = unhandled_dropout(pl_module)
+        listed = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
         if not any(site.value > 0 for site in find_dropout(pl_module)):
-            self.warn("the model has no dropout with a non-zero probability; there is nothing to remove.")
+            self.warn(
+                "the model has no dropout with a non-zero probability that this callback can switch off; there "
+                "is nothing to remove."
+                + (f" These attributes look like dropout rates it does not know: {listed}." if unknown else "")
+            )
+        elif unknown:
+            self.warn(
+                f"these attributes look like dropout rates but are not switched off: {listed}. If `forward` "
+                "applies them (e.g. `F.dropout(x, self.<name>)`), that dropout stays on; hold it in an "
+                "`nn.Dropout` module, or under one of `lightning_speedups.functional.dropout.FLOAT_ATTRIBUTES`."
+            )
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int

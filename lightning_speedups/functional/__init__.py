@@ -7,7 +7,13 @@ from lightning_speedups.functional.batchnorm import (
     recalibrate_batchnorm,
     snapshot_batchnorm,
 )
-from lightning_speedups.functional.dropout import DropoutSite, disable_dropout, find_dropout, restore_dropout
+from lightning_speedups.functional.dropout import (
+    DropoutSite,
+    disable_dropout,
+    find_dropout,
+    restore_dropout,
+    unhandled_dropout,
+)
 from lightning_speedups.functional.mixing import (
     BatchRandom,
     as_probabilities,
@@ -99,6 +105,7 @@ __all__ = [
     "snapshot_batchnorm",
     "steps_per_epoch",
     "stochastic_round",
+    "unhandled_dropout",
     "warmup_factor",
     "warmup_length",
 ]

@@ -11,14 +11,18 @@ and any reference to its modules stay as they were):
   are ``nn.Dropout`` modules), the inter-layer dropout of ``nn.RNN/LSTM/GRU``, and any module with a float
   attribute named in :data:`FLOAT_ATTRIBUTES`: ``dropout``, ``attention_dropout``, ``dropout_p`` (attention
   code), ``drop_rate`` (timm models' head dropout, applied with ``F.dropout(x, self.drop_rate)``),
-  ``activation_dropout``, ``hidden_dropout`` and ``layerdrop`` (Hugging Face-style layers).
+  ``dropout_rate``, ``dropout_prob``, ``activation_dropout``, ``hidden_dropout`` and ``layerdrop`` (Hugging
+  Face-style layers), when the module holds it as a plain, settable attribute.
 
 Dropout applied with a literal probability inside a ``forward`` (``F.dropout(x, 0.1)``) is invisible from
-outside the code and is not found.
+outside the code and is not found; a probability under another name, or read from a config object, is not
+changed either, but :func:`unhandled_dropout` lists the float attributes that look like one, so a caller can
+warn.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 from torch import nn
@@ -30,6 +34,8 @@ FLOAT_ATTRIBUTES = (
     "attention_dropout",
     "dropout_p",
     "drop_rate",
+    "dropout_rate",
+    "dropout_prob",
     "activation_dropout",
     "hidden_dropout",
     "layerdrop",
@@ -59,15 +65,21 @@ def _p_types() -> tuple[type, ...]:
     return (_DropoutNd, StochasticDepth, DropBlock2d, DropBlock3d)
 
 
+def _settable(module: nn.Module, name: str) -> bool:
+    """Whether ``module.name = 0.0`` sets a plain value (not a read-only property computed from elsewhere)."""
+    static = inspect.getattr_static(type(module), name, None)
+    return not (isinstance(static, property) and static.fset is None)
+
+
 def _attribute(module: nn.Module, p_types: tuple[type, ...]) -> list[str]:
     if isinstance(module, p_types):
         return ["p"]
     found = []
-    if isinstance(getattr(module, "drop_prob", None), float):
+    if isinstance(getattr(module, "drop_prob", None), float) and _settable(module, "drop_prob"):
         found.append("drop_prob")
     for name in FLOAT_ATTRIBUTES:
         value = getattr(module, name, None)
-        if isinstance(value, float) and _is_probability(value):
+        if isinstance(value, float) and _is_probability(value) and _settable(module, name):
             found.append(name)
     return found
 
@@ -105,9 +117,36 @@ def disable_dropout(model: nn.Module) -> list[DropoutSite]:
         (0.0, 0.0)
     """
     changed = [site for site in find_dropout(model) if site.value > 0]
-    for site in changed:
-        setattr(model.get_submodule(site.name), site.attribute, 0.0)
+    done: list[DropoutSite] = []
+    try:
+        for site in changed:
+            setattr(model.get_submodule(site.name), site.attribute, 0.0)
+            done.append(site)
+    except Exception as err:  # all or nothing: never leave a model partly stripped
+        restore_dropout(model, done)
+        raise RuntimeError(
+            f"Could not set {site.kind} {site.name or '(the model)'!r}.{site.attribute} to 0: {err}. The model's "
+            "dropouts are as they were."
+        ) from err
     return changed
+
+
+def unhandled_dropout(model: nn.Module) -> list[str]:
+    """``"<module>.<attribute>=<value>"`` for each non-zero float attribute whose name contains ``drop`` that
+    :func:`find_dropout` does not cover: dropout that a ``forward`` may apply under a name we do not know."""
+    p_types = _p_types()
+    out = []
+    for name, module in model.named_modules():
+        handled = set(_attribute(module, p_types))
+        for attribute, value in vars(module).items():
+            if (
+                "drop" in attribute.lower()
+                and attribute not in handled
+                and isinstance(value, float)
+                and 0.0 < value <= 1.0
+            ):
+                out.append(f"{name or '(model)'}.{attribute}={value:g}")
+    return out
 
 
 def restore_dropout(model: nn.Module, sites: list[DropoutSite]) -> None:
