@@ -300,7 +300,7 @@ def _run(
         trainer = pl.Trainer(
             accelerator=cfg.accelerator,
             devices=cfg.devices,
-            strategy=presets.recommended_strategy(cfg.devices),
+            strategy=presets.recommended_strategy(cfg.devices, cfg.accelerator),
             precision=presets.recommended_precision(cfg.accelerator),
             max_epochs=cfg.max_epochs,
             max_steps=max_steps,

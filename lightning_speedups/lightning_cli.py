@@ -15,7 +15,9 @@ name, appended to whatever callbacks the command line or config gives::
     python train.py fit --preset vision-mild --trainer.max_epochs 30
 
 The preset also brings its recommended precision (``bf16-mixed`` on GPUs with native bf16) and strategy (DDP on
-several devices), unless ``--trainer.precision`` or ``--trainer.strategy`` choose otherwise.
+several devices), and its own Trainer settings, unless the command line or config chooses otherwise (a value
+other than the Trainer's default): ``--trainer.precision 32-true`` or ``--trainer.accumulate_grad_batches 2``
+wins over the preset.
 
 The shipped YAML configs (``lightning-speedups presets NAME --config``) do the same for a plain LightningCLI:
 ``python train.py fit --config vision-mild.yaml``.
@@ -23,6 +25,7 @@ The shipped YAML configs (``lightning-speedups presets NAME --config``) do the s
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from lightning.pytorch import Trainer
@@ -30,6 +33,17 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import lightning_speedups  # noqa: F401  (registers the callbacks' short names)
 from lightning_speedups import presets
+
+
+def _trainer_defaults() -> dict[str, Any]:
+    return {k: p.default for k, p in inspect.signature(Trainer.__init__).parameters.items()}
+
+
+def _same(value: Any, default: Any) -> bool:
+    try:
+        return bool(value == default)
+    except Exception:  # e.g. a tensor-like value: certainly chosen
+        return False
 
 
 class SpeedupCLI(LightningCLI):
@@ -63,8 +77,12 @@ class SpeedupCLI(LightningCLI):
             existing = trainer_cfg.get("callbacks") or []
             existing = existing if isinstance(existing, list) else [existing]
             kwargs["callbacks"] = [*existing, *recipe.callbacks]
+            defaults = _trainer_defaults()
             for key, value in presets.lookup(name).trainer.items():
-                kwargs.setdefault(key, value)
+                # the preset's setting unless the command line or config chose one (a value other than the
+                # Trainer's default): `--trainer.accumulate_grad_batches 2` wins, as `Recipe.trainer(...)` lets it
+                if key not in trainer_cfg or _same(trainer_cfg[key], defaults.get(key, inspect.Parameter.empty)):
+                    kwargs.setdefault(key, value)
             # the recommended precision and strategy, as `presets.get(name).trainer()` gives them, unless the
             # command line or config chose one (the Trainer's defaults, None and "auto", mean "not chosen")
             if trainer_cfg.get("precision") is None:

@@ -203,18 +203,26 @@ def recommended_precision(accelerator: str = "auto") -> str:
     return "bf16-mixed" if torch.cuda.is_bf16_supported(including_emulation=False) else "16-mixed"
 
 
-def recommended_strategy(devices: int | str | Sequence[int]) -> str:
+def _visible_devices(accelerator: str) -> int:
+    """What ``devices="auto"`` (or -1) gives on ``accelerator``: every CUDA GPU, else one device (Lightning runs
+    one process on a CPU or MPS for ``"auto"``)."""
+    if str(accelerator).lower() in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return 1
+
+
+def recommended_strategy(devices: int | str | Sequence[int], accelerator: str = "auto") -> str:
     """Lightning's DDP when several devices are asked for, else Lightning's default.
 
-    ``devices`` takes the Trainer's forms: a count (``2``, ``"2"``), ``-1``/``"auto"`` (every visible GPU),
-    a list of device ids (``[0, 1]``) or a comma-separated string of ids (``"0,1"``, ``"1,"``).
+    ``devices`` takes the Trainer's forms: a count (``2``, ``"2"``), ``-1``/``"auto"`` (every visible GPU; one
+    device on a CPU), a list of device ids (``[0, 1]``) or a comma-separated string of ids (``"0,1"``, ``"1,"``).
     """
     if isinstance(devices, str):
         text = devices.strip()
         if "," in text:
             several = len([d for d in text.split(",") if d.strip()]) > 1
         elif text in ("-1", "auto"):
-            several = torch.cuda.device_count() > 1
+            several = _visible_devices(accelerator) > 1
         else:
             try:
                 several = int(text) > 1
@@ -225,7 +233,7 @@ def recommended_strategy(devices: int | str | Sequence[int]) -> str:
     elif isinstance(devices, Sequence):
         several = len(devices) > 1
     elif devices == -1:
-        several = torch.cuda.device_count() > 1
+        several = _visible_devices(accelerator) > 1
     else:
         several = int(devices) > 1
     return "ddp" if several else "auto"
@@ -247,7 +255,7 @@ def get(name: str, *, accelerator: str = "auto", devices: int | str | Sequence[i
         "accelerator": accelerator,
         "devices": devices,
         "precision": recommended_precision(accelerator),
-        "strategy": recommended_strategy(devices),
+        "strategy": recommended_strategy(devices, accelerator),
         **preset.trainer,
     }
     return Recipe(name=preset.name, callbacks=list(callbacks), trainer_kwargs=trainer_kwargs)

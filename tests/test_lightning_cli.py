@@ -71,6 +71,17 @@ def test_preset_brings_its_recommended_precision_unless_the_command_line_chose(m
     assert cli([], cls=SpeedupCLI).trainer.precision == "32-true"  # no preset: the Trainer's default
 
 
+def test_the_command_line_wins_over_a_presets_trainer_settings(monkeypatch):
+    name = "test-accumulate-4"
+    monkeypatch.setattr(presets, "_REGISTRY", dict(presets._REGISTRY))  # this test's registration stays here
+    presets.register(
+        presets.declarative(name, "s", "d", [("LabelSmoothing", {})], trainer={"accumulate_grad_batches": 4})
+    )
+    assert cli([f"--preset={name}"], cls=SpeedupCLI).trainer.accumulate_grad_batches == 4
+    chosen = cli([f"--preset={name}", "--trainer.accumulate_grad_batches=2"], cls=SpeedupCLI)
+    assert chosen.trainer.accumulate_grad_batches == 2  # as `presets.get(name).trainer(accumulate_grad_batches=2)`
+
+
 def test_unknown_preset_is_a_parser_error_naming_the_closest(capsys):
     with pytest.raises(SystemExit):
         cli(["--preset=vision-mid"], cls=SpeedupCLI)

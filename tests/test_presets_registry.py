@@ -122,7 +122,13 @@ def test_recommended_trainer_settings(monkeypatch):
     assert presets.recommended_strategy("2") == "ddp"
     assert presets.recommended_strategy("1") == "auto"
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert presets.recommended_strategy("auto") == "auto"  # no CUDA: "auto" is one CPU process
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert presets.recommended_strategy("auto") == presets.recommended_strategy(-1) == "ddp"
+    assert presets.recommended_strategy("auto", "gpu") == "ddp"
+    assert presets.recommended_strategy("auto", "cpu") == presets.recommended_strategy(-1, "cpu") == "auto"
+    assert presets.get("baseline", accelerator="cpu", devices="auto").trainer_kwargs["strategy"] == "auto"
     with pytest.raises(ValueError, match="`devices` must be a count"):
         presets.recommended_strategy("two")
     recipe = presets.get("baseline", accelerator="cpu", devices=2)
