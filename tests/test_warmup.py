@@ -691,3 +691,7 @@ def test_a_warmup_in_epochs_needs_a_sized_loader():
     cb = LinearScalingWarmup(8, warmup=2, warmup_unit="steps")
     fit(Streaming("none"), [cb], max_steps=4)
     assert cb.updates == [4]
+    cb = LinearScalingWarmup(4, warmup=0)  # no ramp: scaling alone needs no length, in epochs or fractions
+    module = Streaming("none")
+    fit(module, [cb], max_steps=2)
+    assert cb.warmup_steps == 0 and module.used == pytest.approx([LR * 2] * 2)

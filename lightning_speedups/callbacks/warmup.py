@@ -418,7 +418,9 @@ class LinearScalingWarmup(SpeedupCallback):
         reference = self._reference()
         scale = batch_scale(global_batch, reference, self.rule)
         per_epoch = total = None
-        if self.warmup_unit == "epochs":
+        if self.warmup == 0:  # no ramp: its length needs neither a sized loader nor a bounded run
+            pass
+        elif self.warmup_unit == "epochs":
             if not math.isfinite(num_batches):
                 raise ValueError(
                     f"{type(self).__name__}(warmup_unit='epochs') needs a training loader with a length, but this "
@@ -432,7 +434,11 @@ class LinearScalingWarmup(SpeedupCallback):
                     f"{type(self).__name__}(warmup_unit='fraction') needs a finite run: set `max_steps` or "
                     "`max_epochs` on the Trainer, or give the warmup in steps (`warmup_unit='steps'`)."
                 )
-        steps = warmup_length(self.warmup, self.warmup_unit, steps_per_epoch=per_epoch, total_steps=total)
+        steps = (
+            warmup_length(self.warmup, self.warmup_unit, steps_per_epoch=per_epoch, total_steps=total)
+            if self.warmup
+            else 0
+        )
         changed = self._plan is not None
         self._plan = _Plan(key, global_batch, scale, steps)
         rank_zero_info(
