@@ -218,9 +218,13 @@ def _recipe(cfg: CompareConfig) -> tuple[str, Callable[[], list[Callback]], dict
         recipe = presets.get(name, accelerator=cfg.accelerator, devices=cfg.devices)
     except presets.UnknownPresetError as err:
         raise CompareError(str(err)) from err
-    extra = {
-        k: v for k, v in recipe.trainer_kwargs.items() if k not in ("accelerator", "devices", "precision", "strategy")
-    }
+    except (TypeError, ValueError) as err:  # a function preset whose factory refused (e.g. a missing argument)
+        raise CompareError(f"preset {name!r} could not build its callbacks: {type(err).__name__}: {err}") from err
+    # The recommended accelerator, devices, precision and strategy are every arm's (one setting for all, so the
+    # comparison is fair); a precision or strategy the preset itself fixes is part of the recipe, and stays.
+    own = presets.lookup(name).trainer
+    shared = {"accelerator", "devices"} | ({"precision", "strategy"} - set(own))
+    extra = {k: v for k, v in recipe.trainer_kwargs.items() if k not in shared}
     return name, lambda: presets.get(name, accelerator=cfg.accelerator, devices=cfg.devices).callbacks, extra
 
 
@@ -297,11 +301,14 @@ def _run(
         bar.set_description(f"repeat {repeat + 1}/{cfg.repeats} · {arm}")
     budget = [_ValidateAtBudget(max_steps)] if max_steps > 0 else []
     try:
+        settings: dict[str, Any] = {
+            "strategy": presets.recommended_strategy(cfg.devices, cfg.accelerator),
+            "precision": presets.recommended_precision(cfg.accelerator),
+            **extra,  # a preset's own Trainer settings, its precision or strategy included
+        }
         trainer = pl.Trainer(
             accelerator=cfg.accelerator,
             devices=cfg.devices,
-            strategy=presets.recommended_strategy(cfg.devices, cfg.accelerator),
-            precision=presets.recommended_precision(cfg.accelerator),
             max_epochs=cfg.max_epochs,
             max_steps=max_steps,
             callbacks=[*callbacks, *budget, meter, _Progress(bar)],
@@ -310,7 +317,7 @@ def _run(
             enable_progress_bar=False,
             enable_model_summary=False,
             num_sanity_val_steps=0,
-            **extra,
+            **settings,
         )
         trainer.fit(make_model(), datamodule=make_dm())
     except MissingMetricError as err:

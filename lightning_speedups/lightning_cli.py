@@ -15,9 +15,8 @@ name, appended to whatever callbacks the command line or config gives::
     python train.py fit --preset vision-mild --trainer.max_epochs 30
 
 The preset also brings its recommended precision (``bf16-mixed`` on GPUs with native bf16) and strategy (DDP on
-several devices), and its own Trainer settings, unless the command line or config chooses otherwise (a value
-other than the Trainer's default): ``--trainer.precision 32-true`` or ``--trainer.accumulate_grad_batches 2``
-wins over the preset.
+several devices), and its own Trainer settings, as defaults: whatever the command line or a config gives wins
+(``--trainer.precision 32-true``, ``--trainer.accumulate_grad_batches 1``).
 
 The shipped YAML configs (``lightning-speedups presets NAME --config``) do the same for a plain LightningCLI:
 ``python train.py fit --config vision-mild.yaml``.
@@ -25,7 +24,6 @@ The shipped YAML configs (``lightning-speedups presets NAME --config``) do the s
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from lightning.pytorch import Trainer
@@ -33,17 +31,6 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import lightning_speedups  # noqa: F401  (registers the callbacks' short names)
 from lightning_speedups import presets
-
-
-def _trainer_defaults() -> dict[str, Any]:
-    return {k: p.default for k, p in inspect.signature(Trainer.__init__).parameters.items()}
-
-
-def _same(value: Any, default: Any) -> bool:
-    try:
-        return bool(value == default)
-    except Exception:  # e.g. a tensor-like value: certainly chosen
-        return False
 
 
 class SpeedupCLI(LightningCLI):
@@ -56,6 +43,30 @@ class SpeedupCLI(LightningCLI):
             default=None,
             help=f"a lightning-speedups preset, appended to the trainer's callbacks ({', '.join(presets.names())})",
         )
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")  # `self.subcommand` is set only after parsing
+        config = self.config[subcommand] if subcommand else self.config
+        name = config.get("preset")
+        if name is None:
+            return
+        try:
+            preset = presets.lookup(name)
+        except presets.UnknownPresetError:
+            return  # `before_instantiate_classes` reports it as a parser error
+        # The preset's Trainer settings, and its recommended precision and strategy for the accelerator and
+        # devices asked for, become the parser's defaults, and the command line is read again: anything the
+        # command line or a config gives, the Trainer's default value included, then wins over the preset.
+        trainer_cfg = config.get("trainer") or {}
+        recipe = presets.get(
+            name, accelerator=str(trainer_cfg.get("accelerator", "auto")), devices=trainer_cfg.get("devices", 1)
+        )
+        defaults = {f"trainer.{k}": v for k, v in preset.trainer.items()}
+        defaults.setdefault("trainer.precision", recipe.trainer_kwargs["precision"])
+        defaults.setdefault("trainer.strategy", recipe.trainer_kwargs["strategy"])
+        self._parser(subcommand).set_defaults(defaults)
+        super().parse_arguments(parser, args)
 
     def before_instantiate_classes(self) -> None:
         name = self._get(self.config, "preset")
@@ -77,16 +88,4 @@ class SpeedupCLI(LightningCLI):
             existing = trainer_cfg.get("callbacks") or []
             existing = existing if isinstance(existing, list) else [existing]
             kwargs["callbacks"] = [*existing, *recipe.callbacks]
-            defaults = _trainer_defaults()
-            for key, value in presets.lookup(name).trainer.items():
-                # the preset's setting unless the command line or config chose one (a value other than the
-                # Trainer's default): `--trainer.accumulate_grad_batches 2` wins, as `Recipe.trainer(...)` lets it
-                if key not in trainer_cfg or _same(trainer_cfg[key], defaults.get(key, inspect.Parameter.empty)):
-                    kwargs.setdefault(key, value)
-            # the recommended precision and strategy, as `presets.get(name).trainer()` gives them, unless the
-            # command line or config chose one (the Trainer's defaults, None and "auto", mean "not chosen")
-            if trainer_cfg.get("precision") is None:
-                kwargs.setdefault("precision", recipe.trainer_kwargs["precision"])
-            if trainer_cfg.get("strategy", "auto") == "auto":
-                kwargs.setdefault("strategy", recipe.trainer_kwargs["strategy"])
         return super().instantiate_trainer(**kwargs)

@@ -10,7 +10,7 @@ True
 ``get`` returns a :class:`Recipe`: the callbacks and the recommended Trainer settings (precision for the
 hardware, Lightning's DDP strategy when several devices are asked for). ``recipe.trainer(max_epochs=...)``
 builds the Trainer. Overrides are keyed by callback class name: ``get("vision-medium", MixUp={"alpha": 0.4})``
-changes an argument, ``CutMix=None`` drops a callback.
+changes an argument, ``get("vision-aggressive", CutMix=None)`` drops a callback.
 
 Third-party presets register with the :func:`register_preset` decorator, or from another package through the
 ``lightning_speedups.presets`` entry-point group (an entry point names a module or object whose import
@@ -22,6 +22,9 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import json
+import math
+import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -75,8 +78,19 @@ class Recipe:
     trainer_kwargs: dict[str, Any]
 
     def trainer(self, **kwargs: Any) -> pl.Trainer:
-        """A Trainer with this recipe; ``kwargs`` win over the recipe's settings, callbacks are appended."""
+        """A Trainer with this recipe; ``kwargs`` win over the recipe's settings, callbacks are appended.
+
+        Another ``accelerator`` or ``devices`` here also gets the precision and strategy :func:`get` recommends
+        for them (unless ``kwargs`` give those too, or the preset itself fixes them).
+        """
         settings = {**self.trainer_kwargs, **kwargs}
+        if "accelerator" in kwargs or "devices" in kwargs:
+            fixed = _REGISTRY[self.name].trainer if self.name in _REGISTRY else {}
+            accelerator, devices = str(settings.get("accelerator", "auto")), settings.get("devices", 1)
+            if "precision" not in kwargs and "precision" not in fixed:
+                settings["precision"] = recommended_precision(accelerator)
+            if "strategy" not in kwargs and "strategy" not in fixed:
+                settings["strategy"] = recommended_strategy(devices, accelerator)
         settings["callbacks"] = [*self.callbacks, *kwargs.get("callbacks", [])]
         return pl.Trainer(**settings)
 
@@ -120,6 +134,11 @@ def register_preset(
             return [MixUp(alpha=alpha), LabelSmoothing(0.05)]
     """
 
+    if callable(name):  # used bare, `@register_preset` without parentheses: the name comes from the function
+        return register_preset()(name)  # type: ignore[return-value]
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"`register_preset` takes the preset's name as a str, got {name!r}.")
+
     def decorate(fn: Callable[..., list[Callback]]) -> Callable[..., list[Callback]]:
         doc = inspect.getdoc(fn) or ""
         register(
@@ -144,13 +163,30 @@ def _load_entry_points() -> None:
         return
     _entry_points_loaded = True
     for ep in entry_points(group=ENTRY_POINT_GROUP):
+        # a broken plug-in must break neither the built-in presets nor the other plug-ins: each is warned about
+        where = f"preset entry point {ep.name!r} ({ep.value})"
         try:
             obj = ep.load()
-        except Exception as err:  # a broken plug-in must not break the built-in presets
-            warnings.warn(f"Could not load preset entry point {ep.name!r} ({ep.value}): {err}", stacklevel=2)
+        except Exception as err:
+            warnings.warn(f"Could not load {where}: {err}", stacklevel=2)
             continue
-        if isinstance(obj, Preset) and obj.name not in _REGISTRY:
+        if isinstance(obj, types.ModuleType):
+            continue  # a module whose import registered its presets (`@register_preset`, `register`)
+        if not isinstance(obj, Preset):
+            warnings.warn(
+                f"Ignored {where}: it is a {type(obj).__name__}; name a `lightning_speedups.presets.Preset`, or a "
+                "module that registers its presets when imported.",
+                stacklevel=2,
+            )
+            continue
+        if isinstance(obj.name, str) and obj.name in _REGISTRY:
+            if _REGISTRY[obj.name] is not obj:
+                warnings.warn(f"Ignored {where}: a preset named {obj.name!r} exists already.", stacklevel=2)
+            continue
+        try:
             register(obj)
+        except Exception as err:
+            warnings.warn(f"Could not register {where}: {err}", stacklevel=2)
 
 
 def names() -> list[str]:
@@ -341,7 +377,7 @@ def declarative(
 
 
 def to_yaml(name: str) -> str:
-    """A LightningCLI config fragment (``trainer.callbacks``) for a declarative preset."""
+    """A LightningCLI config fragment for a declarative preset: its Trainer settings and ``trainer.callbacks``."""
     preset = lookup(name)
     if preset.factory is not _no_callbacks and not preset.callbacks:
         raise ValueError(f"Preset {name!r} is built by a function; only declarative presets export to YAML.")
@@ -350,6 +386,7 @@ def to_yaml(name: str) -> str:
         "# Use with LightningCLI: --config this.yaml (after `import lightning_speedups`), or SpeedupCLI --preset.",
         "trainer:",
     ]
+    lines += [f"  {k}: {_yaml_value(v, f'trainer setting {k!r}')}" for k, v in preset.trainer.items()]
     if not preset.callbacks:
         lines.append("  callbacks: []")
     else:
@@ -362,18 +399,22 @@ def to_yaml(name: str) -> str:
         lines.append(f"    - class_path: {home}.{cls.__name__}")
         if args:
             lines.append("      init_args:")
-            lines += [f"        {k}: {_yaml_scalar(v)}" for k, v in args.items()]
+            lines += [f"        {k}: {_yaml_value(v, f'{cls_name}({k}=...)')}" for k, v in args.items()]
     return "\n".join(lines) + "\n"
 
 
-def _yaml_scalar(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
+def _yaml_value(value: Any, what: str) -> str:
+    """``value`` as YAML (JSON is YAML): sequences stay sequences, strings are quoted and escaped."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "null" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
+    if isinstance(value, float):
         return repr(value)
-    return f'"{value}"'
+    try:
+        return json.dumps(value)
+    except TypeError:
+        raise TypeError(
+            f"Cannot write {what} = {value!r} to YAML: give it as a number, string, bool, None, list or dict."
+        ) from None
 
 
 def config_path(name: str) -> Path:

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from lightning_speedups import presets
 from lightning_speedups.cli import main
 from lightning_speedups.compare import (
     CompareConfig,
@@ -223,3 +224,35 @@ def test_presets_command(capsys):
     assert "callbacks: none" in capsys.readouterr().out
     assert main(["presets", "nope"]) == 2
     assert "Unknown preset 'nope'" in capsys.readouterr().err
+
+
+def test_a_preset_that_cannot_build_its_callbacks_gives_a_message(capsys, tmp_path, monkeypatch):
+    from lightning_speedups import MixUp
+    from lightning_speedups.presets import register_preset
+
+    monkeypatch.setattr(presets, "_REGISTRY", dict(presets._REGISTRY))
+
+    @register_preset("needs-alpha")
+    def needs_alpha(alpha):
+        """MixUp with a required alpha."""
+        return [MixUp(alpha)]
+
+    assert main(["compare", "--preset", "needs-alpha", *TINY, "--no-progress", "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("error: preset 'needs-alpha' could not build its callbacks: TypeError")
+        and "Traceback" not in err
+    )
+
+
+def test_a_presets_own_precision_is_part_of_its_arm(tmp_path, monkeypatch):
+    from lightning_speedups.compare import CompareConfig, _recipe
+
+    monkeypatch.setattr(presets, "_REGISTRY", dict(presets._REGISTRY))
+    presets.register(
+        presets.declarative("bf16-smooth", "s", "d", [("LabelSmoothing", {})], trainer={"precision": "bf16-mixed"})
+    )
+    _, _, extra = _recipe(CompareConfig(preset="bf16-smooth", accelerator="cpu"))
+    assert extra == {"precision": "bf16-mixed"}  # kept for the recipe's arm; the baseline keeps the recommended one
+    _, _, extra = _recipe(CompareConfig(preset="vision-mild", accelerator="cpu"))
+    assert extra == {}

@@ -80,6 +80,8 @@ def test_the_command_line_wins_over_a_presets_trainer_settings(monkeypatch):
     assert cli([f"--preset={name}"], cls=SpeedupCLI).trainer.accumulate_grad_batches == 4
     chosen = cli([f"--preset={name}", "--trainer.accumulate_grad_batches=2"], cls=SpeedupCLI)
     assert chosen.trainer.accumulate_grad_batches == 2  # as `presets.get(name).trainer(accumulate_grad_batches=2)`
+    chosen = cli([f"--preset={name}", "--trainer.accumulate_grad_batches=1"], cls=SpeedupCLI)
+    assert chosen.trainer.accumulate_grad_batches == 1  # the Trainer's default, chosen: it wins too
 
 
 def test_unknown_preset_is_a_parser_error_naming_the_closest(capsys):

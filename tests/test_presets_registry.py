@@ -149,3 +149,76 @@ def test_invalid_registrations(registry):
         presets.register(Preset("", "s", "d", lambda: []))
     with pytest.raises(TypeError, match="no callbacks to override"):
         presets.get("baseline", MixUp={})
+
+
+def test_plugins_that_are_invalid_or_clash_are_each_warned_about_and_the_others_still_load(
+    registry, tmp_path, monkeypatch
+):
+    (tmp_path / "mixed_presets.py").write_text(
+        textwrap.dedent(
+            """
+            from lightning_speedups.presets import Preset, declarative
+            NAMELESS = Preset("", "s", "d", lambda: [])
+            CLASH = declarative("vision-mild", "Not ours.", "d", [("LabelSmoothing", {})])
+            NOT_A_PRESET = 42
+            GOOD = declarative("acme-good", "Fine.", "d", [("LabelSmoothing", {"smoothing": 0.2})])
+            """
+        )
+    )
+    dist = tmp_path / "mixed_presets-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: mixed-presets\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[lightning_speedups.presets]\na = mixed_presets:NAMELESS\nb = mixed_presets:CLASH\n"
+        "c = mixed_presets:NOT_A_PRESET\nd = mixed_presets:GOOD\ne = mixed_presets\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    presets._entry_points_loaded = False
+    with pytest.warns(UserWarning) as record:
+        known = presets.names()
+    text = "\n".join(str(w.message) for w in record)
+    assert "'a'" in text and "non-empty str name" in text
+    assert "'b'" in text and "'vision-mild' exists already" in text
+    assert "'c'" in text and "it is a int; name a `lightning_speedups.presets.Preset`" in text
+    assert "acme-good" in known and presets.lookup("vision-mild").summary != "Not ours."
+    assert "'e'" not in text and len(record) == 3  # a module (its import registers presets) is fine
+    sys.modules.pop("mixed_presets", None)
+
+
+def test_the_decorator_used_bare_registers_under_the_functions_name(registry):
+    @register_preset
+    def bare_recipe():
+        """Label smoothing only."""
+        return [LabelSmoothing(0.1)]
+
+    assert callable(bare_recipe) and bare_recipe.__name__ == "bare_recipe"
+    assert presets.describe("bare-recipe").startswith("bare-recipe: Label smoothing only.")
+
+
+def test_yaml_export_keeps_sequences_strings_and_trainer_settings(registry):
+    presets.register(
+        declarative(
+            "yaml-check",
+            "s",
+            "d",
+            [("LinearScalingWarmup", {"exclude_groups": (1,), "warmup_unit": 'st"eps'})],
+            trainer={"accumulate_grad_batches": 4, "gradient_clip_val": float("inf")},
+        )
+    )
+    text = presets.to_yaml("yaml-check")
+    assert "  accumulate_grad_batches: 4\n" in text and "  gradient_clip_val: .inf\n" in text
+    assert "exclude_groups: [1]" in text and 'warmup_unit: "st\\"eps"' in text
+    presets.register(declarative("yaml-bad", "s", "d", [("MixUp", {"alpha": object()})]))
+    with pytest.raises(TypeError, match=r"Cannot write MixUp\(alpha=...\)"):
+        presets.to_yaml("yaml-bad")
+
+
+def test_a_recipe_trainer_on_another_accelerator_gets_that_accelerators_settings(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    recipe = presets.get("vision-mild", accelerator="gpu", devices=2)
+    assert recipe.trainer_kwargs["precision"] == "bf16-mixed" and recipe.trainer_kwargs["strategy"] == "ddp"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    trainer = recipe.trainer(accelerator="cpu", devices=1, logger=False)
+    assert trainer.precision == "32-true" and type(trainer.strategy).__name__ == "SingleDeviceStrategy"
