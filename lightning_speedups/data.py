@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.accelerators import CUDAAccelerator
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, DistributedSampler, Sampler, Subset, TensorDataset
 
 from lightning_speedups import _checks
 
@@ -136,13 +136,24 @@ def available_cpus() -> int:
     return os.cpu_count() or 1
 
 
+def _in_memory_tensors(dataset: Any) -> bool:
+    if isinstance(dataset, TensorDataset):
+        return True
+    if isinstance(dataset, Subset):
+        return _in_memory_tensors(dataset.dataset)
+    if isinstance(dataset, ConcatDataset):
+        return bool(dataset.datasets) and all(_in_memory_tensors(d) for d in dataset.datasets)
+    return False
+
+
 def default_num_workers(dataset: Dataset, processes_per_node: int = 1) -> int:
     """Worker processes for a training loader: none for in-memory tensors, else a share of the CPUs.
 
-    A ``TensorDataset`` is plain indexing: worker processes would only add inter-process copies. Otherwise
-    each training process gets its share of the CPUs, minus one for the process itself, at most 8.
+    A ``TensorDataset`` is plain indexing: worker processes would only add inter-process copies; so is a
+    ``Subset`` of one (what ``random_split`` returns) or a ``ConcatDataset`` of them. Otherwise each training
+    process gets its share of the CPUs, minus one for the process itself, at most 8.
     """
-    if isinstance(dataset, TensorDataset):
+    if _in_memory_tensors(dataset):
         return 0
     return max(0, min(8, available_cpus() // max(1, processes_per_node) - 1))
 
@@ -153,7 +164,7 @@ class SpeedupDataModule(pl.LightningDataModule):
     Subclass it and set ``self.train_dataset`` in ``setup`` (or override :meth:`get_train_dataset`); write
     ``val_dataloader`` as usual, or with :meth:`eval_dataloader` for the same defaults.
 
-    Defaults: worker processes from the CPU count (none for a ``TensorDataset``), ``pin_memory`` when training
+    Defaults: worker processes from the CPU count (none for in-memory tensors), ``pin_memory`` when training
     on CUDA, persistent workers, and a shuffle seeded by ``(seed, epoch)`` that is sharded across DDP ranks.
     The training loader is resumable: a run resumed from a checkpoint, at an epoch boundary or mid-epoch,
     sees the data in the order the uninterrupted run would have.

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
-from torch.utils.data import DistributedSampler, TensorDataset
+from torch.utils.data import ConcatDataset, DistributedSampler, TensorDataset
 
 from lightning_speedups import SpeedupDataModule
 from lightning_speedups.data import EpochShuffleSampler, ResumableDataLoader, default_num_workers
@@ -48,6 +48,12 @@ def test_default_workers_follow_the_cpu_count(monkeypatch):
     assert default_num_workers(IndexedImages(), processes_per_node=4) == 3
     monkeypatch.setattr(data, "available_cpus", lambda: 1)
     assert default_num_workers(IndexedImages(), processes_per_node=1) == 0
+    # in-memory tensors, also split or concatenated: no workers, whatever the CPU count
+    monkeypatch.setattr(data, "available_cpus", lambda: 16)
+    tensors = TensorDataset(torch.zeros(8, 2))
+    train, _ = torch.utils.data.random_split(tensors, [6, 2])
+    assert default_num_workers(train) == default_num_workers(ConcatDataset([train, tensors])) == 0
+    assert default_num_workers(ConcatDataset([train, IndexedImages()])) == 8
 
 
 def test_seeded_shuffle_per_epoch_and_shards():

@@ -114,6 +114,19 @@ def test_exact_under_accumulation_and_limited_batches():
     assert len({size for _, size, _, _ in model.steps}) >= 4
 
 
+def test_exact_under_a_gradient_accumulation_scheduler():
+    # epoch 0 steps every batch, then every second one: the pipeline's sizes must follow each epoch's own count
+    from lightning.pytorch.callbacks import GradientAccumulationScheduler
+
+    model = PipelineRecorder()
+    cb = ProgressiveResizing(0.5, 0.25, 0.25, mode="pipeline", validation="full")
+    t = trainer(callbacks=[GradientAccumulationScheduler({0: 1, 1: 2}), cb], max_epochs=3, limit_val_batches=0)
+    t.fit(model, datamodule=PipelineData(num_workers=1))
+    assert t.global_step == 8 + 4 + 4
+    assert all(size == on_device for _, size, on_device, _ in model.steps)
+    assert len({size for _, size, _, _ in model.steps}) == 3
+
+
 @pytest.mark.parametrize("split", ["subset", "random_split"])
 def test_subsets_and_splits_of_the_dataset_work(split):
     """`Subset` (what `random_split` returns) fetches batches through `__getitems__`; each planned index must

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 from lightning_speedups import _checks
 from lightning_speedups._rng import global_rng_kept
-from lightning_speedups.base import SpeedupCallback
+from lightning_speedups.base import SpeedupCallback, accumulation, run_length
 from lightning_speedups.batch import BatchFields, BatchGetter, BatchSetter, Key
 from lightning_speedups.functional.batchnorm import (
     batchnorm_layers,
@@ -382,26 +382,32 @@ class ProgressiveResizing(SpeedupCallback):
         self._wrapped_loader = True
         return ResolutionDataset(dataset), wrapped
 
-    def _steps(self, trainer: pl.Trainer, loader_batches: int) -> tuple[int, int, float]:
-        """(training batches per epoch, optimizer steps per epoch, total steps), as Lightning will count them.
+    def _steps(self, trainer: pl.Trainer, loader_batches: int) -> tuple[int, float]:
+        """(training batches per epoch, total optimizer steps), as Lightning will count them (the total with each
+        epoch's own accumulation, as :func:`~lightning_speedups.base.run_length`).
 
         Needed before Lightning knows them: with workers, the first batches are requested while the training
         loader is being set up. ``on_train_start`` checks the result against Lightning's own numbers.
         """
         limit = trainer.limit_train_batches
         batches = min(loader_batches, int(limit)) if isinstance(limit, int) else int(loader_batches * limit)
-        steps_per_epoch = math.ceil(batches / trainer.accumulate_grad_batches)
         max_epochs = trainer.max_epochs if trainer.max_epochs is not None else -1
-        total: float = math.inf if max_epochs == -1 else steps_per_epoch * max(max_epochs, 1)
+        total: float = math.inf if max_epochs == -1 else float(self._steps_before(trainer, batches, max(max_epochs, 1)))
         if trainer.max_steps != -1:
             total = min(total, trainer.max_steps)
-        return batches, steps_per_epoch, total
+        return batches, total
+
+    @staticmethod
+    def _steps_before(trainer: pl.Trainer, batches: int, epoch: int) -> int:
+        """Optimizer steps of the epochs before ``epoch``, each at its own accumulation (a
+        ``GradientAccumulationScheduler`` changes it between epochs)."""
+        return sum(-(-batches // accumulation(trainer, e)) for e in range(epoch))
 
     def _plan_for_batch(self, trainer: pl.Trainer, loader_batches: int, epoch: int, batch: int) -> ResizePlan:
         if self.ramp is not None:
             return self.plan_at(0.0, epoch)
-        _, steps_per_epoch, total = self._steps(trainer, loader_batches)
-        step = epoch * steps_per_epoch + batch // trainer.accumulate_grad_batches
+        batches, total = self._steps(trainer, loader_batches)
+        step = self._steps_before(trainer, batches, epoch) + batch // accumulation(trainer, epoch)
         progress = 1.0 if total <= 0 else min(1.0, step / total)
         return self.plan_at(progress, epoch)
 
@@ -437,13 +443,13 @@ class ProgressiveResizing(SpeedupCallback):
                 "SpeedupDataModule, or mode='resize'."
             )
         if self.ramp is None:
-            batches, _, total = self._steps(trainer, sampler.num_batches(bool(loader.drop_last)))
-            expected = (trainer.num_training_batches, trainer.estimated_stepping_batches)
+            batches, total = self._steps(trainer, sampler.num_batches(bool(loader.drop_last)))
+            expected = (trainer.num_training_batches, run_length(trainer))
             if (batches, total) != expected:
                 raise RuntimeError(
-                    f"ProgressiveResizing(mode='pipeline') predicted {batches} batches per epoch and {total} steps, "
-                    f"but Lightning counts {expected[0]} and {expected[1]} (e.g. `overfit_batches` or a changing "
-                    "`accumulate_grad_batches`). Use mode='resize' for this run."
+                    f"ProgressiveResizing(mode='pipeline') predicted {batches} batches per epoch and {total:g} steps, "
+                    f"but the trainer counts {expected[0]} and {expected[1]:g} (e.g. under `overfit_batches`). Use "
+                    "mode='resize' for this run."
                 )
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
