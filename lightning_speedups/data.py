@@ -15,7 +15,16 @@ from typing import Any, Protocol, runtime_checkable
 import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.accelerators import CUDAAccelerator
-from torch.utils.data import ConcatDataset, DataLoader, Dataset, DistributedSampler, Sampler, Subset, TensorDataset
+from torch.utils.data import (
+    ConcatDataset,
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    Sampler,
+    Subset,
+    TensorDataset,
+)
 
 from lightning_speedups import _checks
 
@@ -321,6 +330,13 @@ class SpeedupDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """The training loader: resumable mid-epoch, with the sampler from :meth:`train_sampler`."""
         dataset = self.get_train_dataset()
+        if isinstance(dataset, IterableDataset):
+            raise TypeError(
+                f"{type(self).__name__}'s training loader orders samples by index (seeded shuffle, resumable "
+                f"loading, sampling callbacks), so it needs a map-style dataset; got the IterableDataset "
+                f"{type(dataset).__name__}. Give `train_dataset` `__len__` and `__getitem__`, or override "
+                "`train_dataloader` for a stream (without the sampling callbacks)."
+            )
         wrapped, sampler = dataset, self.train_sampler(dataset)
         for wrapper in self.trainer.callbacks if self.trainer is not None else []:
             if isinstance(wrapper, TrainDataWrapper):

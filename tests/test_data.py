@@ -164,3 +164,18 @@ def test_missing_dataset_and_bad_arguments():
         SpeedupDataModule(batch_size=0)
     with pytest.raises(ValueError, match="`num_workers` must be >= 0"):
         SpeedupDataModule(num_workers=-1)
+
+
+def test_an_iterable_dataset_is_refused_with_a_message():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(4))
+
+    class StreamData(SpeedupDataModule):
+        def setup(self, stage):
+            self.train_dataset = Stream()
+
+    dm = StreamData(batch_size=2)
+    dm.setup("fit")
+    with pytest.raises(TypeError, match="needs a map-style dataset; got the IterableDataset Stream"):
+        dm.train_dataloader()
