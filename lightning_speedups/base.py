@@ -73,9 +73,14 @@ def run_length(trainer: pl.Trainer, *, from_epoch: int = 0, steps_before: int = 
     batches = trainer.num_training_batches
     if not math.isfinite(batches):
         return bounded
-    batches = int(batches)
-    total = steps_before + sum(-(-batches // accumulation(trainer, e)) for e in range(from_epoch, max(max_epochs, 1)))
+    total = steps_before + epoch_steps(trainer, int(batches), range(from_epoch, max(max_epochs, 1)))
     return float(min(total, bounded))
+
+
+def epoch_steps(trainer: pl.Trainer, batches: int, epochs: range) -> int:
+    """Optimizer steps of ``epochs`` with ``batches`` training batches each, at each epoch's own accumulation (an
+    epoch ends with a step, Lightning's rule)."""
+    return sum(-(-batches // accumulation(trainer, e)) for e in epochs)
 
 
 def training_progress(trainer: pl.Trainer, total_steps: float | None = None) -> float:

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 from lightning_speedups import _checks
 from lightning_speedups._rng import global_rng_kept
-from lightning_speedups.base import SpeedupCallback, accumulation, run_length
+from lightning_speedups.base import SpeedupCallback, accumulation, epoch_steps, run_length
 from lightning_speedups.batch import BatchFields, BatchGetter, BatchSetter, Key
 from lightning_speedups.functional.batchnorm import (
     batchnorm_layers,
@@ -218,6 +218,7 @@ class ProgressiveResizing(SpeedupCallback):
         self._full: tuple[int, int] | None = None  # of the last training batch, before resizing
         self._val_size: tuple[int, int] | None = None
         self._cache: deque[Tensor] = deque(maxlen=self.calibration_batches)
+        self._epoch_counts: dict[tuple[int, int], tuple[int, float]] = {}  # pipeline: (steps before, total)
         self._snapshot: Any = None
         self._has_bn = False
         self._trained_bn: list[nn.Module] = []  # the BatchNorm layers in training mode while training
@@ -387,27 +388,27 @@ class ProgressiveResizing(SpeedupCallback):
         epoch's own accumulation, as :func:`~lightning_speedups.base.run_length`).
 
         Needed before Lightning knows them: with workers, the first batches are requested while the training
-        loader is being set up. ``on_train_start`` checks the result against Lightning's own numbers.
+        loader is being set up. ``on_train_start`` checks the result against the trainer's own numbers.
         """
         limit = trainer.limit_train_batches
         batches = min(loader_batches, int(limit)) if isinstance(limit, int) else int(loader_batches * limit)
         max_epochs = trainer.max_epochs if trainer.max_epochs is not None else -1
-        total: float = math.inf if max_epochs == -1 else float(self._steps_before(trainer, batches, max(max_epochs, 1)))
+        total: float = math.inf if max_epochs == -1 else float(epoch_steps(trainer, batches, range(max(max_epochs, 1))))
         if trainer.max_steps != -1:
             total = min(total, trainer.max_steps)
         return batches, total
 
-    @staticmethod
-    def _steps_before(trainer: pl.Trainer, batches: int, epoch: int) -> int:
-        """Optimizer steps of the epochs before ``epoch``, each at its own accumulation (a
-        ``GradientAccumulationScheduler`` changes it between epochs)."""
-        return sum(-(-batches // accumulation(trainer, e)) for e in range(epoch))
-
     def _plan_for_batch(self, trainer: pl.Trainer, loader_batches: int, epoch: int, batch: int) -> ResizePlan:
         if self.ramp is not None:
             return self.plan_at(0.0, epoch)
-        batches, total = self._steps(trainer, loader_batches)
-        step = self._steps_before(trainer, batches, epoch) + batch // accumulation(trainer, epoch)
+        # per batch, so the epoch counts are worked out once per (loader length, epoch) of the fit
+        key = (loader_batches, epoch)
+        counts = self._epoch_counts.get(key)
+        if counts is None:
+            batches, total = self._steps(trainer, loader_batches)
+            counts = self._epoch_counts[key] = (epoch_steps(trainer, batches, range(epoch)), total)
+        before, total = counts
+        step = before + batch // accumulation(trainer, epoch)
         progress = 1.0 if total <= 0 else min(1.0, step / total)
         return self.plan_at(progress, epoch)
 
@@ -417,6 +418,7 @@ class ProgressiveResizing(SpeedupCallback):
         if stage != "fit":
             return
         self._cache.clear()
+        self._epoch_counts.clear()
         self._checked = False
         self._trained_bn, self._bn_modes_stale, self._warned_unreached = [], True, False
         self._settled = False
