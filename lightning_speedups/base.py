@@ -54,6 +54,16 @@ def accumulation(trainer: pl.Trainer, epoch: int | None = None) -> int:
     return max(1, int(trainer.accumulate_grad_batches))
 
 
+def accumulation_schedule(trainer: pl.Trainer) -> tuple[tuple[int, int], ...]:
+    """A ``GradientAccumulationScheduler``'s schedule as sorted ``(first epoch, accumulate)`` pairs; ``()``
+    without one."""
+    for cb in trainer.callbacks:
+        if isinstance(cb, GradientAccumulationScheduler):
+            firsts = sorted({0, *(int(e) for e in cb.scheduling)})
+            return tuple((e, max(1, int(cb.get_accumulate_grad_batches(e)))) for e in firsts)
+    return ()
+
+
 def run_length(trainer: pl.Trainer, *, from_epoch: int = 0, steps_before: int = 0) -> float:
     """Optimizer steps of the whole run: ``inf`` when it has no bound (``max_time`` only, or an iterable
     dataset without ``max_steps``).

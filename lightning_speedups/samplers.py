@@ -23,6 +23,7 @@ where it stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Iterator, Sequence
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 from torch.utils.data import Dataset, DistributedSampler
 
+from lightning_speedups.base import accumulation_schedule
 from lightning_speedups.functional import sampling as fs
 
 if TYPE_CHECKING:
@@ -288,16 +290,17 @@ def step_clock(
         batches = min(batches, limit)
     elif isinstance(limit, float):
         batches = int(batches * limit)
-    accumulate = max(1, int(trainer.accumulate_grad_batches))
-    clock = fs.StepClock(batch_size * num_replicas, batches, accumulate)
+    schedule = accumulation_schedule(trainer)
+    accumulate = schedule[0][1] if schedule else max(1, int(trainer.accumulate_grad_batches))
+    clock = fs.StepClock(batch_size * num_replicas, batches, accumulate, accumulate_from=schedule)
     max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
     if max_epochs is None or max_epochs == -1:
         total = math.inf if max_steps == -1 else float(max_steps)
     else:
-        total = float(clock.steps_per_epoch * max(max_epochs, 1))
+        total = float(clock.first_step(max(max_epochs, 1)))
         if max_steps != -1:
             total = min(total, float(max_steps))
-    return fs.StepClock(clock.global_batch_size, batches, accumulate, total)
+    return dataclasses.replace(clock, total_steps=total)
 
 
 def require_speedup_datamodule(trainer: pl.Trainer, who: str) -> SpeedupDataModule:

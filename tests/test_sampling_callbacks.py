@@ -3,13 +3,14 @@
 import copy
 import itertools
 import math
+import warnings
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import seed_everything
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import GradientAccumulationScheduler, ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from lightning_speedups import (
@@ -19,6 +20,7 @@ from lightning_speedups import (
     RepeatFactorSampling,
     ScheduledResize,
     SpeedupDataModule,
+    SpeedupWarning,
 )
 from lightning_speedups.functional import sampling as fs
 from lightning_speedups.samplers import EpochListSampler
@@ -178,6 +180,24 @@ def test_loss_scorer_orders_by_the_initial_per_sample_loss():
     assert cur.state_dict()["scores"].shape == (80,)
 
 
+def test_loss_scorer_keeps_a_frozen_submodule_in_eval_mode():
+    class FrozenPart(IndexModel):
+        def __init__(self) -> None:
+            super().__init__(80)
+            self.frozen = torch.nn.BatchNorm1d(1).eval()  # a frozen part the user keeps in eval mode
+            self.frozen_mode: list[bool] = []
+
+        def training_step(self, batch, batch_idx):
+            self.frozen_mode.append(self.frozen.training)
+            return super().training_step(batch, batch_idx)
+
+    model = FrozenPart()
+    cur = CurriculumOrdering("fixed_exponential", difficulty=LossScore(), start_fraction=0.1, step_length=1000)
+    fit([cur], model=model, max_epochs=1)
+    assert model.frozen_mode and not any(model.frozen_mode)  # scoring did not switch it to train mode
+    assert model.training and model.net.training
+
+
 def test_a_second_fit_scores_its_own_model():
     seed_everything(0)
     cur = CurriculumOrdering("fixed_exponential", difficulty=LossScore(), start_fraction=0.1, step_length=1000)
@@ -298,15 +318,21 @@ def test_the_rare_classes_are_oversampled_within_the_curriculum_pool():
     [
         {"accumulate_grad_batches": 2, "limit_train_batches": 0.5, "max_epochs": 3},
         {"accumulate_grad_batches": 4, "max_epochs": 2, "max_steps": 5},
+        {"scheduled": {1: 3, 2: 2}, "max_epochs": 4},
     ],
+    ids=["accumulate-and-limit", "max-steps", "accumulation-scheduler"],
 )
 def test_the_step_clock_predicts_lightnings_steps(kwargs):
     """In-epoch pacing relies on knowing, while the loader is built, the step each batch will be trained at."""
-    cur = CurriculumOrdering("linear", start_fraction=0.1, full_at=1.0)
-    model, t = fit([RepeatFactorSampling(threshold=0.1), cur], dm=IndexDM(80, drop_last=True), **kwargs)
+    kwargs = dict(kwargs)
+    scheduled = kwargs.pop("scheduled", None)
+    callbacks = [RepeatFactorSampling(threshold=0.1), CurriculumOrdering("linear", start_fraction=0.1, full_at=1.0)]
+    if scheduled:
+        callbacks.append(GradientAccumulationScheduler(scheduled))
+    model, t = fit(callbacks, dm=IndexDM(80, drop_last=True), **kwargs)
     clock = t.train_dataloader.sampler.plan.clock
     assert clock.batches_per_epoch == t.num_training_batches
-    assert clock.total_steps == t.estimated_stepping_batches
+    assert clock.total_steps == t.global_step  # each run went to its end
     per_epoch = t.num_training_batches
     predicted = [clock.step_of(b % per_epoch, b // per_epoch) for b in range(len(model.steps))]
     assert predicted == model.steps
@@ -348,6 +374,21 @@ def test_resume_draws_what_the_uninterrupted_run_draws(tmp_path, saved, step):
     assert resumed.seen == full.seen[step:]  # from an epoch end: the next epoch's indices, batch for batch
     for a, b in zip(full.state_dict().values(), resumed.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_changed_labels_warn_on_resume_and_only_then(tmp_path):
+    def run(rfs, ckpt_path=None, save=False):
+        callbacks = [rfs, ModelCheckpoint(dirpath=tmp_path, save_last=True)] if save else [rfs]
+        t = trainer(callbacks=callbacks, max_epochs=1, enable_checkpointing=save)
+        t.fit(IndexModel(80), datamodule=IndexDM(80), ckpt_path=ckpt_path)
+
+    run(RepeatFactorSampling(threshold=0.1), save=True)
+    rfs = RepeatFactorSampling(threshold=0.1, labels=np.arange(80) % 2)  # no class is rare: epochs of 80
+    with pytest.warns(SpeedupWarning, match="checkpoint was trained with epochs of 84 samples, these labels give 80"):
+        run(rfs, ckpt_path=str(tmp_path / "last.ckpt"))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*checkpoint was trained", category=SpeedupWarning)
+        run(rfs)  # a later fresh fit of the same callback has nothing to compare against
 
 
 # ---------------------------------------------------------------------------------------------- bad input
@@ -417,6 +458,7 @@ difficulty_with_nan[7] = np.nan
         ([CurriculumOrdering(difficulty=short_scorer)], None, ValueError, "one score per sample"),
         ([CurriculumOrdering()], NoLabels(batch_size=8), ValueError, "needs a difficulty per training sample"),
         ([CurriculumOrdering(tasks=np.zeros(3))], None, ValueError, r"`tasks` must have one value per training sample"),
+        ([CurriculumOrdering(task_order=[1, 0])], None, ValueError, r"`task_order=\[1, 0\]` needs a task id"),
         ([RepeatFactorSampling(), Provider()], None, ValueError, "Several callbacks supply the training sampler"),
         ([RepeatFactorSampling()], OwnLoader(), RuntimeError, "did not supply the training sampler"),
         ([CurriculumOrdering()], OwnLoader(), RuntimeError, "did not supply the training sampler"),

@@ -263,6 +263,11 @@ class CurriculumOrdering(SpeedupCallback):
             raise ValueError(f"{self._who}: the training dataset is empty.")
         difficulty = self._difficulty_array(datamodule, size)
         tasks = self._task_array(datamodule, dataset, size)
+        if self.task_order is not None and tasks is None:
+            raise ValueError(
+                f"{self._who}: `task_order={self.task_order}` needs a task id per sample, and none was given: pass "
+                f"`tasks=` or set `train_tasks` on `{type(datamodule).__name__}` (or drop `task_order`)."
+            )
         if difficulty is None and tasks is None:
             if self.uses_scorer:
                 raise RuntimeError(f"{self._who}: the scorer has not run yet; it runs when fit starts.")
@@ -300,7 +305,7 @@ class CurriculumOrdering(SpeedupCallback):
             collate_fn=datamodule.collate_fn,
         )
         parts: list[Tensor] = []
-        was_training = pl_module.training
+        modes = {module: module.training for module in pl_module.modules()}  # frozen submodules stay frozen
         pl_module.eval()
         try:
             with torch.no_grad(), trainer.precision_plugin.val_step_context():
@@ -309,7 +314,8 @@ class CurriculumOrdering(SpeedupCallback):
                     scores = torch.as_tensor(scorer(pl_module, batch)).detach()
                     parts.append(scores.reshape(-1).float().cpu())  # float32: what checkpoints keep, exactly
         finally:
-            pl_module.train(was_training)
+            for module, training in modes.items():
+                module.training = training
         local = torch.cat(parts) if parts else torch.zeros(0)
         if len(local) != hi - lo:
             raise ValueError(

@@ -144,18 +144,17 @@ class RepeatFactorSampling(SpeedupCallback):
                 f"no class is in fewer than {self.threshold:g} of the samples, so every repeat factor is 1 and "
                 "this is a plain shuffle. Raise `threshold` to oversample the rarer classes."
             )
-        if self._restored_length is not None:
-            self._check_restored_length()
+        self._check_restored_length()
         return factors
 
     def _check_restored_length(self) -> None:
-        if (
-            self.factors is not None
-            and self._restored_length is not None
-            and self._restored_length != self.epoch_length
-        ):
+        """Warn once if a restored checkpoint's epoch length differs from the current labels' one."""
+        if self.factors is None or self._restored_length is None:
+            return
+        restored, self._restored_length = self._restored_length, None  # checked once: a later fit starts clean
+        if restored != self.epoch_length:
             self.warn(
-                f"the checkpoint was trained with epochs of {self._restored_length} samples, these labels give "
+                f"the checkpoint was trained with epochs of {restored} samples, these labels give "
                 f"{self.epoch_length}: the labels or `threshold` changed, so the resumed run does not draw what "
                 "the original would have."
             )

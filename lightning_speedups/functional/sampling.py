@@ -510,26 +510,57 @@ class StepClock:
         batches_per_epoch: batches each rank trains on per epoch (after ``limit_train_batches``).
         accumulate: batches per optimizer step.
         total_steps: optimizer steps of the whole run (``inf`` when unknown).
+        accumulate_from: ``(first epoch, accumulate)`` pairs, sorted by epoch, that override ``accumulate`` from
+            their epoch on: a ``GradientAccumulationScheduler``'s schedule.
+
+    Example::
+
+        >>> clock = StepClock(global_batch_size=8, batches_per_epoch=4, accumulate_from=((1, 2),))
+        >>> [clock.first_step(e) for e in range(3)], clock.step_of(3, epoch=1)
+        ([0, 4, 6], 5)
     """
 
     global_batch_size: int
     batches_per_epoch: int
     accumulate: int = 1
     total_steps: float = math.inf
+    accumulate_from: tuple[tuple[int, int], ...] = ()
 
     @property
     def steps_per_epoch(self) -> int:
+        """Optimizer steps of an epoch at ``accumulate`` (epochs that ``accumulate_from`` covers may differ)."""
         return -(-max(1, self.batches_per_epoch) // self.accumulate)
+
+    def accumulate_in(self, epoch: int) -> int:
+        """Batches per optimizer step in ``epoch``."""
+        accumulate = self.accumulate
+        for first, value in self.accumulate_from:
+            if epoch >= first:
+                accumulate = value
+        return accumulate
+
+    def first_step(self, epoch: int) -> int:
+        """The optimizer step that ``epoch`` starts at: the steps of all earlier epochs."""
+        batches = max(1, self.batches_per_epoch)
+        steps, start, accumulate = 0, 0, self.accumulate
+        for first, value in (*self.accumulate_from, (epoch, 0)):
+            end = min(first, epoch)
+            steps += max(0, end - start) * -(-batches // accumulate)
+            if first >= epoch:
+                break
+            start, accumulate = max(start, first), value
+        return steps
 
     def step_of(self, batch: int, epoch: int) -> int:
         """The optimizer step of batch ``batch`` (0-based, within the epoch) of ``epoch``."""
-        return epoch * self.steps_per_epoch + min(batch, max(1, self.batches_per_epoch) - 1) // self.accumulate
+        batch = min(batch, max(1, self.batches_per_epoch) - 1)
+        return self.first_step(epoch) + batch // self.accumulate_in(epoch)
 
     def batch_steps(self, num_batches: int, epoch: int) -> np.ndarray:
         """The optimizer step of each of the epoch's first ``num_batches`` batches (batches past the epoch's
         limit, never trained on, get the epoch's last step)."""
         batch = np.minimum(np.arange(num_batches, dtype=np.int64), max(1, self.batches_per_epoch) - 1)
-        return epoch * self.steps_per_epoch + batch // self.accumulate
+        return self.first_step(epoch) + batch // self.accumulate_in(epoch)
 
 
 def position_pools(
