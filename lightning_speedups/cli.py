@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lightning_speedups import presets
+from lightning_speedups.compare import DEFAULT_PRESET
 
 
 def _json_dict(text: str) -> dict:
@@ -37,7 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
             "save a plot. Default task: scikit-learn's bundled digits, upscaled to 32 px, with a small ResNet."
         ),
     )
-    cmp.add_argument("--preset", default=None, help="preset name (see `lightning-speedups presets`)")
+    cmp.add_argument(
+        "--preset",
+        default=None,
+        help=f"preset name (see `lightning-speedups presets`; default: {DEFAULT_PRESET}, unless --callback is given)",
+    )
     cmp.add_argument(
         "--callback",
         dest="callbacks",
