@@ -346,6 +346,12 @@ def training_plan(trainer: pl.Trainer) -> SamplingPlan | None:
 def check_plan_in_use(trainer: pl.Trainer, who: str) -> SamplingPlan:
     """The plan of the training loader; raise if ``who`` did not contribute to it (so it would do nothing)."""
     plan = training_plan(trainer)
+    if (plan is None or who not in plan.sources) and trainer.overfit_batches > 0:
+        raise RuntimeError(
+            f"{who} cannot run with `Trainer(overfit_batches={trainer.overfit_batches})`: Lightning then replaces "
+            "the training sampler with a sequential one, so the sampling would silently not happen. Remove "
+            f"{who} for overfitting runs, or drop `overfit_batches`."
+        )
     if plan is None or who not in plan.sources:
         raise RuntimeError(
             f"{who} did not supply the training sampler: the training loader does not come from "

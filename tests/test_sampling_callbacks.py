@@ -471,6 +471,14 @@ def test_bad_input_fails_before_the_first_step(callbacks, dm, error, match):
     assert model.seen == []
 
 
+@pytest.mark.parametrize("callback", [RepeatFactorSampling, CurriculumOrdering])
+def test_overfit_batches_is_refused_with_its_cause(callback):
+    model = IndexModel(80)
+    with pytest.raises(RuntimeError, match=r"cannot run with `Trainer\(overfit_batches=2\)`"):
+        trainer(overfit_batches=2, callbacks=[callback()]).fit(model, datamodule=IndexDM(80))
+    assert model.seen == []
+
+
 def test_needs_a_speedup_datamodule_and_a_run_length():
     model = IndexModel(80)
     dm = IndexDM(80)

@@ -309,10 +309,18 @@ class CurriculumOrdering(SpeedupCallback):
         pl_module.eval()
         try:
             with torch.no_grad(), trainer.precision_plugin.val_step_context():
+                done = 0
                 for batch in loader:
                     batch = move_data_to_device(trainer.precision_plugin.convert_input(batch), pl_module.device)
-                    scores = torch.as_tensor(scorer(pl_module, batch)).detach()
-                    parts.append(scores.reshape(-1).float().cpu())  # float32: what checkpoints keep, exactly
+                    scores = torch.as_tensor(scorer(pl_module, batch)).detach().reshape(-1)
+                    expected = min(int(loader.batch_size or 1), hi - lo - done)
+                    if scores.numel() != expected:  # fail at the first batch, not after scoring the whole set
+                        raise ValueError(
+                            f"{self._who}: the scorer returned {scores.numel()} scores for a batch of {expected} "
+                            "samples; it must return one score per sample of the batch, shape (B,)."
+                        )
+                    done += expected
+                    parts.append(scores.float().cpu())  # float32: what checkpoints keep, exactly
         finally:
             for module, training in modes.items():
                 module.training = training
