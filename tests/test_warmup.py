@@ -28,6 +28,11 @@ from tests.helpers import ImagesDataModule, MemoryLogger, RecordingModule, image
 LR = 0.1
 
 
+# torch hooks `step` per class at the first instance: with SGD's own step hooked too, RecordingSGD's
+# `super().step()` runs the step hooks a second time inside the first, as a user's optimizer subclass can
+torch.optim.SGD([torch.zeros(1, requires_grad=True)])
+
+
 class RecordingSGD(torch.optim.SGD):
     """SGD that records, inside `step`, the learning rate of each group that this very update uses."""
 
@@ -36,8 +41,13 @@ class RecordingSGD(torch.optim.SGD):
         self.used: list[list[float]] = []
 
     def step(self, closure=None):
+        loss = None
+        if closure is not None:  # training_step and backward first, as SGD's own step does
+            with torch.enable_grad():
+                loss = closure()
         self.used.append([float(g["lr"]) for g in self.param_groups])
-        return super().step(closure)
+        super().step()
+        return loss
 
 
 def make_scheduler(kind: str, opt: torch.optim.Optimizer, total: int):
@@ -237,8 +247,7 @@ def test_a_tensor_learning_rate_is_replaced_during_the_update_never_changed_in_p
 def test_an_update_that_raises_leaves_the_schedulers_learning_rate():
     class Crash(WarmupModule):
         def training_step(self, batch, batch_idx):
-            if self.global_step == 2:  # inside optimizer.step's closure: the factor is applied right now
-                self.lr_in_step = self.opt.param_groups[0]["lr"]
+            if self.global_step == 2:  # inside optimizer.step: the factor is applied around this closure
                 raise KeyError("boom")
             return super().training_step(batch, batch_idx)
 
@@ -246,8 +255,23 @@ def test_an_update_that_raises_leaves_the_schedulers_learning_rate():
     with pytest.raises(KeyError, match="boom"):
         fit(module, [LinearScalingWarmup(8, warmup=4, warmup_unit="steps")], max_epochs=2)
     sched = scheduled_lrs("cosine", 8)
-    assert module.lr_in_step == pytest.approx(sched[2] * 1.5)
     assert module.opt.param_groups[0]["lr"] == pytest.approx(sched[2])  # restored: safe to checkpoint or go on
+
+
+def test_training_step_reads_and_sets_the_schedulers_learning_rate():
+    """Inside `optimizer.step`'s closure the group holds the unscaled value: a value set there is scaled too."""
+
+    class SetsLr(WarmupModule):
+        def training_step(self, batch, batch_idx):
+            self.read = [*getattr(self, "read", []), self.opt.param_groups[0]["lr"]]
+            self.opt.param_groups[0]["lr"] = 0.1 * (self.global_step + 1)
+            return super().training_step(batch, batch_idx)
+
+    module = SetsLr("none")
+    fit(module, [LinearScalingWarmup(4, warmup=0)], max_epochs=1)  # batch 16 / reference 4: x 4 at once
+    assert module.used == pytest.approx([0.4, 0.8, 1.2, 1.6])  # the value set in training_step, scaled
+    assert module.read == pytest.approx([LR, 0.1, 0.2, 0.3])  # the user's own values, never the scaled ones
+    assert module.opt.param_groups[0]["lr"] == pytest.approx(0.4)  # and kept after the update
 
 
 def test_a_fit_that_raises_takes_its_step_hooks_off_the_optimizer():

@@ -288,17 +288,27 @@ class LinearScalingWarmup(SpeedupCallback):
         return out
 
     # ------------------------------------------------------------------ the step hooks
-    def _pre_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
+    def _pre_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         trainer = self._trainer
         # `in` compares by identity here (callbacks have no `__eq__`)
         if trainer is None or self not in trainer.callbacks:
-            return  # not our run: a BatchSizeFinder/LR-finder trial runs with other callbacks
+            return None  # not our run: a BatchSizeFinder/LR-finder trial runs with other callbacks
         i = self._index(optimizer)
         if i is None:
-            return
-        self._restore(i)  # a previous update that raised left its learning rates scaled
+            return None
         plan = self._plan if self._plan is not None and not self._plan_stale else self._refresh_plan(trainer)
         factor, share = self._factor(i, plan)
+        self._apply(i, factor)
+        self._pending_share[i] = share
+        self._last_factor = factor
+        return self._wrap_closure(i, factor, args, kwargs)
+
+    def _apply(self, i: int, factor: float) -> None:
+        """Scale optimizer ``i``'s groups by ``factor``, keeping their values to put back after the update.
+
+        Idempotent: an optimizer subclass whose ``step`` calls its parent's runs the step hooks twice."""
+        self._restore(i)
+        optimizer = self._optimizers[i]
         saved: list[Any] | None = None
         if factor != 1.0:  # a factor of 1 (no scaling, or the reference batch) leaves every group as it is
             saved = []
@@ -308,10 +318,30 @@ class LinearScalingWarmup(SpeedupCallback):
                 if self._scales(i, j, group):
                     group["lr"] = lr * factor  # a new object: a tensor lr is replaced, never changed in place
         self._pending[i] = saved  # None: nothing to restore, but `_post_step` still counts the update
-        self._pending_share[i] = share
-        self._last_factor = factor
         # kept as they are (a tensor lr is read at logging time only: no device sync on every step)
         self._last_lrs[i] = [_snapshot(g["lr"]) for g in optimizer.param_groups]
+
+    def _wrap_closure(self, i: int, factor: float, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        """Run the step's closure (``training_step`` and backward, in automatic optimization) with the learning
+        rates unscaled: what the user's code reads there is the scheduler's value, and what it writes there is
+        kept and scaled for the update."""
+        if factor == 1.0:
+            return None
+        positional = len(args) > 1
+        closure = args[1] if positional else kwargs.get("closure")
+        if closure is None:
+            return None
+
+        def closure_at_the_scheduler_lr() -> Any:
+            self._restore(i)
+            try:
+                return closure()
+            finally:
+                self._apply(i, factor)  # re-read: a learning rate set inside the closure is scaled too
+
+        if positional:
+            return (args[0], closure_at_the_scheduler_lr, *args[2:]), kwargs
+        return args, {**kwargs, "closure": closure_at_the_scheduler_lr}
 
     def _post_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
         i = self._index(optimizer)
