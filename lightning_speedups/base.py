@@ -64,7 +64,9 @@ def accumulation_schedule(trainer: pl.Trainer) -> tuple[tuple[int, int], ...]:
     return ()
 
 
-def run_length(trainer: pl.Trainer, *, from_epoch: int = 0, steps_before: int = 0) -> float:
+def run_length(
+    trainer: pl.Trainer, *, from_epoch: int = 0, steps_before: int = 0, with_max_steps: bool = True
+) -> float:
     """Optimizer steps of the whole run: ``inf`` when it has no bound (``max_time`` only, or an iterable
     dataset without ``max_steps``).
 
@@ -72,9 +74,10 @@ def run_length(trainer: pl.Trainer, *, from_epoch: int = 0, steps_before: int = 
     ``GradientAccumulationScheduler`` (Lightning uses the current epoch's for every epoch) and ``inf``, not -1,
     for an iterable dataset without ``max_steps``. ``steps_before`` steps taken before ``from_epoch``, then the
     current loader's length for the rest: what a loader reloaded with another length at that epoch gives.
+    ``with_max_steps=False``: the ``max_epochs`` bound alone.
     """
     max_steps = trainer.max_steps if trainer.max_steps is not None and trainer.max_steps >= 0 else None
-    bounded = math.inf if max_steps is None else float(max_steps)
+    bounded = math.inf if max_steps is None or not with_max_steps else float(max_steps)
     max_epochs = trainer.max_epochs
     if max_epochs is None or max_epochs < 0:
         return bounded
@@ -97,7 +100,8 @@ def training_progress(trainer: pl.Trainer, total_steps: float | None = None) -> 
     """Fraction of the run's optimizer steps already taken, clipped to [0, 1].
 
     ``total_steps`` defaults to :func:`run_length` (``max_epochs``, ``max_steps``, ``limit_train_batches``,
-    gradient accumulation, scheduled accumulation); pass a cached value in hot paths.
+    gradient accumulation, scheduled accumulation); pass a cached value in hot paths. Under manual optimization
+    with several optimizers, whose every step Lightning counts, batches measure the ``max_epochs`` bound.
     """
     total = run_length(trainer) if total_steps is None else total_steps
     if not math.isfinite(total):
@@ -107,7 +111,31 @@ def training_progress(trainer: pl.Trainer, total_steps: float | None = None) -> 
         )
     if total <= 0:
         return 1.0
+    if steps_per_batch(trainer) > 1:
+        return _manual_progress(trainer)
     return min(1.0, max(0.0, trainer.global_step / total))
+
+
+def steps_per_batch(trainer: pl.Trainer) -> int:
+    """How many of Lightning's global steps a batch takes at most: the number of optimizers under manual
+    optimization (Lightning counts each optimizer's step), else 1."""
+    module = getattr(getattr(trainer, "strategy", None), "_lightning_module", None)
+    if module is None or module.automatic_optimization:
+        return 1
+    return max(1, len(trainer.optimizers))
+
+
+def _manual_progress(trainer: pl.Trainer) -> float:
+    """Progress under manual optimization with several optimizers, where Lightning's global step counts every
+    optimizer's steps: batches against the ``max_epochs`` bound, global steps against ``max_steps``."""
+    done = 0.0
+    epochs_bound = run_length(trainer, with_max_steps=False)
+    if math.isfinite(epochs_bound) and epochs_bound > 0:
+        batches = trainer.fit_loop.epoch_loop.batch_progress.total.processed
+        done = batches / epochs_bound
+    if trainer.max_steps is not None and trainer.max_steps > 0:
+        done = max(done, trainer.global_step / trainer.max_steps)
+    return min(1.0, max(0.0, done))
 
 
 class SpeedupCallback(Callback):

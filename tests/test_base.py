@@ -104,6 +104,34 @@ def test_progress_counts_each_epochs_accumulation_under_a_scheduler():
     assert [p for _, p in probe.seen] == pytest.approx([s / 7 for s, _ in probe.seen])
 
 
+class TwoOptimizersEveryBatch(RecordingModule):
+    """A GAN-like manual optimization: two optimizers, each stepping once per batch (two global steps)."""
+
+    def __init__(self) -> None:
+        super().__init__(record=False)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        for opt in self.optimizers():
+            opt.zero_grad()
+            self.manual_backward(torch.nn.functional.cross_entropy(self(x), y))
+            opt.step()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.net.conv.parameters(), lr=0.1), torch.optim.SGD(self.net.fc.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("kwargs", [{"max_epochs": 2}, {"max_steps": 12, "max_epochs": -1}])
+def test_progress_under_manual_optimization_with_two_optimizers(kwargs):
+    probe = ProgressProbe()
+    t = trainer(callbacks=[probe], **kwargs)
+    t.fit(TwoOptimizersEveryBatch(), loaders()[0])
+    batches = len(probe.seen)
+    assert t.global_step == 2 * batches  # Lightning counts both optimizers' steps
+    assert [p for _, p in probe.seen] == pytest.approx([b / batches for b in range(batches)])
+
+
 class GrowingLoader(RecordingModule):
     """4 batches in epoch 0, then 8: the loader reloads with another length."""
 

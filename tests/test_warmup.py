@@ -341,6 +341,35 @@ def test_several_optimizers_each_warm_up_on_their_own_updates():
     assert {"lr_warmup/lr-RecordingSGD", "lr_warmup/lr-RecordingSGD-1"} <= logger.history.keys()
 
 
+class BothEveryBatch(TwoOptimizers):
+    """Both optimizers step at every batch: Lightning's global step counts two per batch."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        for opt in self.optimizers():
+            opt.zero_grad()
+            self.manual_backward(torch.nn.functional.cross_entropy(self(x), y))
+            opt.step()
+
+
+@pytest.mark.parametrize(("kwargs", "updates"), [({"max_steps": 8, "max_epochs": 10}, 4), ({"max_epochs": 2}, 8)])
+def test_a_fraction_warmup_under_manual_optimization_counts_each_optimizers_updates(kwargs, updates):
+    module, cb = BothEveryBatch(), LinearScalingWarmup(8, warmup=0.5, warmup_unit="fraction")
+    fit(module, [cb], **kwargs)
+    assert cb.updates == [updates, updates] and cb.warmup_steps == updates // 2
+    expected = [LR * ramp(t, updates // 2, 2.0) for t in range(updates)]  # the scaled lr is reached mid-run
+    assert [u[0] for u in module.first.used] == pytest.approx(expected)
+
+
+def test_manual_optimization_resumed_from_a_checkpoint_without_the_callback(tmp_path):
+    fit(BothEveryBatch(), [ModelCheckpoint(dirpath=tmp_path, save_last=True)], max_steps=4, enable_checkpointing=True)
+    module, cb = BothEveryBatch(), LinearScalingWarmup(8, warmup=8, warmup_unit="steps")
+    t = trainer(callbacks=[cb], max_steps=6, max_epochs=3)
+    t.fit(module, ckpt_path=str(tmp_path / "last.ckpt"))
+    assert cb.updates == [3, 3]  # 2 updates each before the checkpoint, 1 after: not the global step 4 + 1
+    assert module.first.used[0][0] == pytest.approx(LR * ramp(2, 8, 2.0))
+
+
 def test_logs_the_effective_lr_where_lr_monitor_shows_the_schedulers():
     module, logger = WarmupModule("cosine", groups=2), MemoryLogger()
     callbacks = [LinearScalingWarmup(8, warmup=4, warmup_unit="steps"), LearningRateMonitor("step")]

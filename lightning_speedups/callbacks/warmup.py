@@ -14,7 +14,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from lightning_speedups import _checks
-from lightning_speedups.base import SpeedupCallback, accumulation, run_length
+from lightning_speedups.base import SpeedupCallback, accumulation, run_length, steps_per_batch
 from lightning_speedups.functional.warmup import (
     SCALING_RULES,
     WARMUP_STARTS,
@@ -208,7 +208,7 @@ class LinearScalingWarmup(SpeedupCallback):
             self._updates = None
         if self._updates is None:
             # A fresh run (0), or a checkpoint saved without this callback: assume no update was skipped.
-            self._updates = [int(trainer.global_step)] * count
+            self._updates = [_updates_so_far(trainer)] * count
             self._done = None
         plan = self._refresh_plan(trainer)
         if self._done is not None and len(self._done) != count:
@@ -413,7 +413,7 @@ class LinearScalingWarmup(SpeedupCallback):
         self._last_lrs = {}
         assert self._updates is not None and self._done is not None and self._plan is not None
         count = len(self._optimizers)
-        start = int(trainer.global_step)
+        start = _updates_so_far(trainer)
         self._updates = (self._updates + [start] * count)[:count]
         self._done = (self._done + [self._share_from_updates(start, self._plan)] * count)[:count]
         for opt in self._optimizers:
@@ -593,8 +593,21 @@ def _loader_batch_size(loader: Any) -> int:
 
 
 def _total_steps(trainer: pl.Trainer) -> float | None:
-    total = run_length(trainer)
+    """Each optimizer's updates over the run. Under manual optimization with several optimizers Lightning's
+    steps count all of them, so each optimizer is taken to step once per batch."""
+    optimizers = steps_per_batch(trainer)
+    if optimizers == 1:
+        total = run_length(trainer)
+    else:
+        total = run_length(trainer, with_max_steps=False)
+        if trainer.max_steps is not None and trainer.max_steps >= 0:
+            total = min(total, float(trainer.max_steps // optimizers))
     return total if math.isfinite(total) else None
+
+
+def _updates_so_far(trainer: pl.Trainer) -> int:
+    """Each optimizer's updates so far, from Lightning's global step (a checkpoint saved without this callback)."""
+    return int(trainer.global_step) // steps_per_batch(trainer)
 
 
 def _snapshot(lr: Any) -> Any:
