@@ -104,6 +104,15 @@ class BatchFields:
             )
         return found[0]
 
+    def key_of(self, batch: Any, which: str) -> Key:
+        """The key or index ``which`` (``"input"`` or ``"target"``) is read from in ``batch``: the one given, or
+        the conventional name found; raises :class:`BatchFieldError` if none. Not for ``getter``/``setter``."""
+        if which not in ("input", "target"):
+            raise ValueError(f"`which` must be 'input' or 'target', got {which!r}.")
+        if self.getter is not None:
+            raise ValueError("`key_of` has no answer for `getter`/`setter` batches: they read no key.")
+        return self._resolve(batch, which)
+
     # ------------------------------------------------------------------ access
     def get(self, batch: Any) -> tuple[Any, Any]:
         """Return ``(input, target)``; the target is ``None`` if the batch has none and no key names one."""

@@ -4,10 +4,16 @@ MixUp, CutMix and LabelSmoothing turn class indices into class probabilities ``(
 (``nn.CrossEntropyLoss`` and ``F.cross_entropy``) takes those unchanged, so a user's ``training_step`` keeps
 working. Some set-ups cannot take them, and we say so at fit start rather than crash mid-run:
 
-* ``nn.NLLLoss`` (and other losses that need integer labels) held as a module attribute; a loss called as a
-  function inside ``training_step`` (``F.nll_loss(logits, y)``) cannot be seen from outside, and torch rejects
-  the float targets at the first training step with its own message;
+* a torch loss that takes class indices only, held as a module attribute (a submodule of the LightningModule,
+  subclasses included): ``nn.NLLLoss``, ``nn.MultiMarginLoss``, ``nn.MultiLabelMarginLoss``, ``nn.CTCLoss``,
+  ``nn.AdaptiveLogSoftmaxWithLoss``, and timm's ``LabelSmoothingCrossEntropy``. A loss called as a function
+  inside ``training_step`` (``F.nll_loss(logits, y)``) cannot be seen from outside, and torch rejects the float
+  targets at the first training step with its own message;
 * ``nn.CrossEntropyLoss(ignore_index=k)`` with ``k >= 0``: torch refuses ``ignore_index`` with soft targets;
+* ``nn.CrossEntropyLoss(weight=w)`` with ``reduction="mean"``: torch divides by the batch size for probability
+  targets but by the sum of the targets' class weights for indices, so the loss would silently change;
+* several training dataloaders (a list, a dict or a ``CombinedLoader`` of them), whose batches nest one batch
+  per loader, unless ``batch_getter``/``batch_setter`` read them;
 * training metrics that need hard labels: use :func:`hard_labels` on the target, or keep the original
   labels with ``hard_target_key=`` on a dict batch.
 """
@@ -66,13 +72,24 @@ def cross_entropy_modules(pl_module: nn.Module) -> list[nn.Module]:
     return [m for m in pl_module.modules() if isinstance(m, nn.CrossEntropyLoss) or _is_timm_smoothing_loss(m)]
 
 
+#: torch losses whose targets can only be class indices (``nn.CrossEntropyLoss`` also takes probabilities).
+INDEX_ONLY_LOSSES: tuple[type[nn.Module], ...] = (
+    nn.NLLLoss,
+    nn.MultiMarginLoss,
+    nn.MultiLabelMarginLoss,
+    nn.CTCLoss,
+    nn.AdaptiveLogSoftmaxWithLoss,
+)
+
+
 def check_soft_target_losses(pl_module: nn.Module, who: str, *, smoothing_in_targets: bool) -> None:
-    """Raise if a loss module of ``pl_module`` cannot take probability targets (or would smooth them twice)."""
+    """Raise if a loss module of ``pl_module`` cannot take probability targets, would weight them differently
+    than class indices, or would smooth them twice; ``smoothing_in_targets`` is True for label smoothing."""
     for name, m in pl_module.named_modules():
         where = f"`{name}`" if name else "the LightningModule"
-        if isinstance(m, nn.NLLLoss):
+        if isinstance(m, INDEX_ONLY_LOSSES):
             raise ValueError(
-                f"{who} gives class probabilities as targets, but {where} is an `nn.NLLLoss`, which needs "
+                f"{who} gives class probabilities as targets, but {where} is a `{type(m).__name__}`, which needs "
                 "class indices. Use `nn.CrossEntropyLoss` on logits (it takes probabilities), or pass "
                 "`check_loss=False` if this loss is not used in `training_step`."
             )
@@ -88,6 +105,21 @@ def check_soft_target_losses(pl_module: nn.Module, who: str, *, smoothing_in_tar
                 f"{m.ignore_index}`, which torch does not support with probability targets. Remove "
                 "`ignore_index`, or for label smoothing alone use `LabelSmoothing(method='loss')`, or pass "
                 "`check_loss=False` if this loss is not used in `training_step`."
+            )
+        if isinstance(m, nn.CrossEntropyLoss) and m.weight is not None and m.reduction == "mean":
+            fix = (
+                "For label smoothing alone use `LabelSmoothing(method='loss')`, which keeps the labels and equals "
+                "torch's `label_smoothing` with class weights; otherwise"
+                if smoothing_in_targets
+                else "Instead,"
+            )
+            raise ValueError(
+                f"{who} gives class probabilities as targets, but {where} has class weights (`weight=`) and "
+                "`reduction='mean'`: torch divides the weighted loss by the batch size for probability targets but "
+                "by the sum of the targets' class weights for class indices, so the loss and its scale would "
+                f"silently change. {fix} drop `weight` and weight the per-sample losses yourself "
+                "(`reduction='none'`), or pass `check_loss=False` to accept torch's weighting of probability "
+                "targets (divided by the batch size)."
             )
         if smoothing_in_targets and isinstance(m, nn.CrossEntropyLoss) and m.label_smoothing > 0:
             raise ValueError(
@@ -155,6 +187,13 @@ class TargetTransformCallback(SpeedupCallback):
         self.fields = BatchFields(input_key, target_key, batch_getter, batch_setter)
         if hard_target_key is not None and not isinstance(hard_target_key, str):
             raise TypeError(f"`hard_target_key` must be a str key of a dict batch, got {hard_target_key!r}.")
+        if hard_target_key is not None and hard_target_key in (input_key, target_key):
+            which = "target_key" if hard_target_key == target_key else "input_key"
+            raise ValueError(
+                f"`hard_target_key` and `{which}` are both {hard_target_key!r}: the kept labels would be overwritten "
+                f"by the new targets (or inputs). Give `hard_target_key` a key of its own, e.g. "
+                f"{hard_target_key + '_hard'!r}."
+            )
         self.hard_target_key = hard_target_key
         self.check_loss = bool(check_loss)
         self._checked_first_batch = False
@@ -188,6 +227,25 @@ class TargetTransformCallback(SpeedupCallback):
         if self.check_loss:
             self.check_module(pl_module)
         self._checked_first_batch = False
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        if self.transforms_batches and self.fields.getter is None:
+            self._check_single_loader(trainer)
+
+    def _check_single_loader(self, trainer: pl.Trainer) -> None:
+        # Several training loaders nest one batch per loader ([batch_a, batch_b] or {"a": batch_a, ...}), which no
+        # `input_key`/`target_key` can describe; the train loaders are known only once the fit loop set them up.
+        loaders = trainer.train_dataloader
+        if isinstance(loaders, Mapping | list | tuple):
+            who = type(self).__name__
+            raise ValueError(
+                f"{who} acts on training batches with one input and one target, but training uses "
+                f"{len(loaders)} dataloader(s) given as a {type(loaders).__name__} (or a CombinedLoader of them), "
+                f"so each batch holds one batch per loader. {who} does not support this: train on one dataloader "
+                "(e.g. concatenate the datasets), or pass `batch_getter`/`batch_setter` that read and replace the "
+                "input and target inside the combined batch."
+            )
 
     def check_module(self, pl_module: pl.LightningModule) -> None:
         """Fit-start check of the module's losses; override to add technique-specific ones."""
@@ -260,6 +318,13 @@ class TargetTransformCallback(SpeedupCallback):
             raise ValueError(
                 f"{who} found no target in the training batch ({type(batch).__name__}). Pass `target_key=`."
             )
+        if not isinstance(target, Tensor):
+            raise TypeError(f"{who} needs a tensor target, got {type(target).__name__}. Fix `target_key=`.")
+        if target.ndim == 0:
+            raise ValueError(
+                f"{who} needs a batch of targets, got a 0-d tensor (one label). Check `target_key=`, and that the "
+                "DataLoader batches its samples (`batch_size` is not None)."
+            )
         if self.mixes_inputs:
             if not isinstance(x, Tensor):
                 raise TypeError(f"{who} needs a tensor input, got {type(x).__name__}. Fix `input_key=`.")
@@ -268,14 +333,12 @@ class TargetTransformCallback(SpeedupCallback):
                     f"{who} mixes inputs, which must be floating point; got dtype {x.dtype}. Convert them to "
                     "float in the dataset's transform or in `on_after_batch_transfer`."
                 )
-            if x.ndim == 0 or x.shape[0] != (target.shape[0] if isinstance(target, Tensor) else -1):
+            if x.ndim == 0 or x.shape[0] != target.shape[0]:
                 raise ValueError(
-                    f"{who}: input of shape {tuple(x.shape)} and target of shape "
-                    f"{tuple(getattr(target, 'shape', ()))} do not share a batch dimension; check `input_key` "
-                    "and `target_key`."
+                    f"{who}: input of shape {tuple(x.shape)} and target of shape {tuple(target.shape)} do not "
+                    "share a batch dimension; check `input_key` and `target_key`."
                 )
-        if not isinstance(target, Tensor):
-            raise TypeError(f"{who} needs a tensor target, got {type(target).__name__}. Fix `target_key=`.")
+        self._check_hard_target_key(batch, who)
         if target.is_floating_point():
             self._check_probabilities(target, who)
         elif target.dtype in (torch.bool,) or target.is_complex() or target.ndim != 1:
@@ -286,6 +349,20 @@ class TargetTransformCallback(SpeedupCallback):
             )
         else:
             self._check_indices(target, who)
+
+    def _check_hard_target_key(self, batch: Any, who: str) -> None:
+        # With default keys the target (or input) is found by name: `hard_target_key` must not be, or be taken for,
+        # that name once the kept labels are in the batch (e.g. "y", or "target" in a batch keyed "y").
+        if self.hard_target_key is None or self.fields.getter is not None or not isinstance(batch, Mapping):
+            return
+        kept = {**batch, self.hard_target_key: None}
+        for which in ("input", "target") if self.mixes_inputs else ("target",):
+            if self.hard_target_key in (self.fields.key_of(batch, which), self.fields.key_of(kept, which)):
+                raise ValueError(
+                    f"{who}(hard_target_key={self.hard_target_key!r}): the batch's {which} is read from that key, "
+                    f"so the kept labels and the new {which}s would share it. Give `hard_target_key` a key of its "
+                    f"own (e.g. {self.hard_target_key + '_hard'!r}), or name the {which} with `{which}_key=`."
+                )
 
     def _check_indices(self, target: Tensor, who: str) -> None:
         if self._classes is None:

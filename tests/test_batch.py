@@ -130,3 +130,15 @@ def test_bad_arguments(kwargs, error):
 def test_batch_without_target_gives_none():
     assert BatchFields().get_target([X]) is None
     assert BatchFields().get_target({"image": X}) is None
+
+
+def test_key_of_names_where_input_and_target_are_read():
+    batch = {"image": X, "y": Y}
+    assert BatchFields().key_of(batch, "input") == "image"
+    assert BatchFields().key_of(batch, "target") == "y"
+    assert BatchFields().key_of([X, Y], "target") == 1
+    assert BatchFields(target_key="label").key_of(batch, "target") == "label"  # the given key, as is
+    with pytest.raises(BatchFieldError, match="Could not find the target"):
+        BatchFields().key_of({"image": X}, "target")
+    with pytest.raises(ValueError, match="getter"):
+        BatchFields(getter=lambda b: b, setter=lambda b, x, y: b).key_of(batch, "input")

@@ -435,3 +435,83 @@ def test_timm_label_smoothing_loss():
     model = WithLoss(timm_loss.LabelSmoothingCrossEntropy(0.0))
     trainer(callbacks=[LabelSmoothing(0.2, method="loss")], max_steps=1).fit(model, loaders()[0])
     assert model.criterion.smoothing == 0.0  # restored after the step
+
+
+# ---------------------------------------------------------------------------------------------- review fixes
+class NLLSubclass(nn.NLLLoss):
+    """A user's subclass of an index-only loss."""
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        nn.MultiMarginLoss(),
+        nn.MultiLabelMarginLoss(),
+        nn.CTCLoss(),
+        nn.AdaptiveLogSoftmaxWithLoss(8, C, cutoffs=[2]),
+        NLLSubclass(),
+    ],
+    ids=lambda m: type(m).__name__,
+)
+def test_losses_that_need_class_indices_fail_at_fit_start(loss):
+    for cb in (MixUp(), LabelSmoothing()):
+        fit_expecting([cb], rf"`criterion` is a `{type(loss).__name__}`, which needs class indices", WithLoss(loss))
+
+
+def test_class_weighted_cross_entropy_is_refused_for_probability_targets():
+    def weighted(reduction="mean"):
+        return WithLoss(nn.CrossEntropyLoss(weight=torch.tensor([5.0, 1.0, 1.0, 1.0]), reduction=reduction))
+
+    for cb in (MixUp(), CutMix()):
+        fit_expecting([cb], r"has class weights \(`weight=`\).*batch size.*check_loss=False", weighted())
+    fit_expecting([LabelSmoothing()], r"class weights.*use `LabelSmoothing\(method='loss'\)`", weighted())
+    # the loss keeps its weighting with integer labels, and with reduction='sum' probabilities weight alike
+    trainer(callbacks=[LabelSmoothing(method="loss")], max_steps=1).fit(weighted(), loaders()[0])
+    trainer(callbacks=[MixUp()], max_steps=1).fit(weighted("sum"), loaders()[0])
+    trainer(callbacks=[MixUp(check_loss=False)], max_steps=1).fit(weighted(), loaders()[0])  # explicit opt-out
+
+
+def test_loss_mode_refuses_hard_target_key():
+    with pytest.raises(ValueError, match=r"method='loss'.*`hard_target_key='hard'` would never be filled"):
+        LabelSmoothing(method="loss", hard_target_key="hard")
+
+
+def test_hard_target_key_must_not_be_where_the_target_is_read():
+    with pytest.raises(ValueError, match="`hard_target_key` and `target_key` are both 'label'"):
+        MixUp(target_key="label", hard_target_key="label")
+    with pytest.raises(ValueError, match="`hard_target_key` and `input_key` are both 'image'"):
+        CutMix(input_key="image", hard_target_key="image")
+    train = loaders("dict")[0]  # {"image", "label", "index"}: the target is found by name
+    fit_expecting([MixUp(hard_target_key="label")], "the batch's target is read from that key", train=train)
+    # "target" is looked up before "label": once kept there it would be taken for the target
+    fit_expecting([LabelSmoothing(hard_target_key="target")], "target is read from that key", train=train)
+
+
+class FirstOfTwo(RecordingModule):
+    """Trains on the first loader's part of a two-loader batch."""
+
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch[0], batch_idx)
+
+
+def test_several_training_dataloaders_are_refused_unless_a_getter_reads_them():
+    from lightning.pytorch.utilities import CombinedLoader
+
+    train = loaders()[0]
+    for cb in (MixUp(), LabelSmoothing()):
+        fit_expecting([cb], r"2 dataloader\(s\) given as a list.*batch_getter", FirstOfTwo(), train=[train, train])
+    with pytest.raises(ValueError, match=r"given as a dict.*does not support this"):
+        trainer(callbacks=[MixUp()], max_steps=1).fit(RecordingModule(), CombinedLoader({"a": train, "b": train}))
+    model = FirstOfTwo()
+    mixup = MixUp(batch_getter=lambda b: tuple(b[0]), batch_setter=lambda b, x, y: [[x, y], b[1]])
+    trainer(callbacks=[mixup], max_steps=1).fit(model, [train, train])
+    assert model.train_batches[0][1].shape == (16, C)
+
+
+def test_first_batch_check_of_a_0d_or_non_tensor_target():
+    x, y = image_tensors(4)
+    unbatched = DataLoader(TensorDataset(x, y), batch_size=None)  # samples as they are: 0-d labels
+    for cb in (MixUp(), LabelSmoothing()):
+        fit_expecting([cb], r"got a 0-d tensor \(one label\).*batch_size", train=unbatched)
+    as_list = DataLoader(TensorDataset(x, y), batch_size=4, collate_fn=lambda s: [x, [int(t) for _, t in s]])
+    fit_expecting([MixUp()], "needs a tensor target, got list", train=as_list)

@@ -61,6 +61,12 @@ class LabelSmoothing(TargetTransformCallback):
         )
         if method not in _METHODS:
             raise ValueError(f"`method` must be one of {_METHODS}, got {method!r}.")
+        if method == "loss" and self.hard_target_key is not None:
+            raise ValueError(
+                f"LabelSmoothing(method='loss') leaves the batch's integer labels as they are (the loss smooths), "
+                f"so `hard_target_key={self.hard_target_key!r}` would never be filled. Remove `hard_target_key` and "
+                "read the labels from the target, or use method='target'."
+            )
         self.method = method
         self._losses: list[nn.Module] = []
         self._saved: list[tuple[nn.Module, dict[str, float]]] = []
