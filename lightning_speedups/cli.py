@@ -68,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     pre = sub.add_parser("presets", help="list the presets, or describe one")
     pre.add_argument("name", nargs="?", help="describe this preset")
-    pre.add_argument("--config", action="store_true", help="print the preset's shipped LightningCLI YAML config")
+    pre.add_argument(
+        "--config", action="store_true", help="print the named preset's shipped LightningCLI YAML config (needs NAME)"
+    )
     return parser
 
 
@@ -80,6 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _presets(args: argparse.Namespace) -> int:
+    if args.config and args.name is None:
+        print(
+            "error: --config prints one preset's YAML config: name it, e.g. `presets vision-mild --config`.",
+            file=sys.stderr,
+        )
+        return 2
     try:
         if args.name is None:
             for name in presets.names():

@@ -24,6 +24,7 @@ import importlib
 import json
 import logging
 import math
+import os
 import statistics
 import sys
 import warnings
@@ -41,6 +42,7 @@ from lightning_speedups import presets
 from lightning_speedups.meter import Checkpoint, MissingMetricError, TrainingMeter
 
 BASELINE, BUDGET = "baseline", "baseline @ recipe FLOPs"
+REPORT_FILES = ("report.md", "results.json", "accuracy.png")
 DEFAULT_PRESET = "vision-mild"
 
 
@@ -146,21 +148,51 @@ def load_object(path: str, what: str) -> Any:
         module = importlib.import_module(module_name)
     except (ImportError, TypeError, ValueError) as err:  # TypeError/ValueError: relative or empty names
         raise CompareError(f"--{what} {path!r}: cannot import module {module_name!r} ({err}).") from err
+    except Exception as err:  # the module itself fails at import: a SyntaxError, NameError, RuntimeError...
+        raise CompareError(
+            f"--{what} {path!r}: importing module {module_name!r} failed with {type(err).__name__}: {err}; "
+            f"fix the module (`python -c 'import {module_name}'` shows the traceback)."
+        ) from err
     try:
         return getattr(module, attr)
     except AttributeError as err:
         raise CompareError(f"--{what} {path!r}: module {module_name!r} has no attribute {attr!r}.") from err
 
 
+def _split_args(spec: str, text: str) -> list[str]:
+    """``"a=[0, 1],b='x,y'"`` -> ``["a=[0, 1]", "b='x,y'"]``: split on commas outside brackets and quotes, so a
+    value can be a list, tuple, dict or quoted string."""
+    items, depth, quote, start = [], 0, "", 0
+    for i, char in enumerate(text):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+            if depth < 0:
+                break
+        elif char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth != 0 or quote:
+        raise CompareError(f"--callback {spec!r}: unbalanced brackets or quotes in the arguments {text!r}.")
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
 def parse_callback(spec: str) -> Callback:
-    """``"MixUp"`` or ``"MixUp:alpha=0.4,p=0.5"`` -> a callback instance."""
+    """``"MixUp"`` or ``"MixUp:alpha=0.4,p=0.5"`` -> a callback instance; values are Python literals (lists and
+    tuples included) or, failing that, plain strings."""
     name, _, arg_text = spec.partition(":")
     try:
         cls = presets.resolve_callback_class(name.strip())
     except ValueError as err:
         raise CompareError(f"--callback {spec!r}: {err}") from err
     kwargs: dict[str, Any] = {}
-    for item in filter(None, (a.strip() for a in arg_text.split(","))):
+    for item in _split_args(spec, arg_text):
         key, eq, raw = item.partition("=")
         if not eq:
             raise CompareError(f"--callback {spec!r}: arguments look like 'name=value', got {item!r}.")
@@ -249,15 +281,29 @@ def _check(cfg: CompareConfig) -> None:
     if cfg.devices < 1:
         raise CompareError(f"--devices must be >= 1, got {cfg.devices}.")
     if cfg.output is not None:
-        try:  # now, not after the training: a path that cannot hold the report must not cost the runs
-            cfg.output.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise CompareError(f"--output {str(cfg.output)!r} cannot be a folder for the report ({err}).") from err
+        _check_output(cfg.output)
     if any(word in cfg.metric.lower() for word in ("loss", "error", "perplexity")):
         raise CompareError(
             f"--metric {cfg.metric!r} looks like a lower-is-better metric; compare reads the metric as higher "
             "is better (an accuracy: the target is reached at or above it). Log an accuracy and name it."
         )
+
+
+def _check_output(output: Path) -> None:
+    """Make ``output`` and write a probe file there now, not after the training: a folder that cannot hold the
+    report must not cost the runs."""
+    probe = output / f".lightning-speedups-probe-{os.getpid()}"
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+        for name in REPORT_FILES:
+            if (output / name).exists() and not (output / name).is_file():
+                raise IsADirectoryError(f"{str(output / name)!r} is in the way of the report's {name}")
+    except OSError as err:
+        raise CompareError(
+            f"--output {str(output)!r} cannot be a folder for the report ({err}); give a writable folder."
+        ) from err
 
 
 # ------------------------------------------------------------------------------------------ running
@@ -326,6 +372,11 @@ def _run(
         # a setting that does not fit the user's model, data or machine: our callbacks and Lightning raise these
         # up front, at construction or fit start; say which run it stopped, without a traceback
         raise CompareError(f"the {arm!r} run could not start or stopped: {type(err).__name__}: {err}") from err
+    if not meter.history:  # no metric to compare: the table would be all NaN, and results.json invalid JSON
+        raise CompareError(
+            f"the {arm!r} run never validated: does the datamodule give validation data (a `val_dataloader` "
+            "with batches) and the model a `validation_step` that logs the metric?"
+        )
     return RunResult(arm=arm, repeat=repeat, history=list(meter.history), flops=meter.flops, steps=trainer.global_step)
 
 
@@ -430,7 +481,10 @@ def run_comparison(cfg: CompareConfig, out: TextIO | None = None) -> Report:
         return report
     print(text, file=out)
     if cfg.output is not None:
-        save_report(report, cfg.output, text)
+        try:
+            save_report(report, cfg.output, text)
+        except OSError as err:  # the folder changed under the runs (the up-front check passed)
+            raise CompareError(f"--output {str(cfg.output)!r}: could not save the report ({err}).") from err
         print(f"\nSaved {cfg.output / 'report.md'}, {cfg.output / 'results.json'} and plots.", file=out)
     return report
 
@@ -512,6 +566,16 @@ def save_report(report: Report, output: Path, text: str) -> None:
     plot_report(report, output / "accuracy.png")
 
 
+def accuracy_ylim(metrics: list[float], target: float, zoom: float = 0.1, pad: float = 0.005) -> tuple[float, float]:
+    """Y-limits of the accuracy plot: from the curves' lowest point (but at most ``zoom`` below the target, where
+    the curves cross it is what matters) to their highest, always with the target inside and lower < upper."""
+    finite = [m for m in metrics if math.isfinite(m)]
+    lowest, highest = min(finite, default=target), max(finite, default=target)
+    lower = min(max(lowest, target - zoom), target) - pad
+    upper = max(highest, min(1.0, target + 0.02)) + pad
+    return lower, upper
+
+
 def plot_report(report: Report, path: Path) -> bool:
     """Metric against wall time and against FLOPs, one line per run; ``False`` without matplotlib."""
     try:
@@ -535,8 +599,7 @@ def plot_report(report: Report, path: Path) -> bool:
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(report.config["metric"])
-    lo = min((c.metric for r in report.runs for c in r.history), default=0.0)
-    axes[0].set_ylim(max(lo, report.target - 0.1), min(1.0, report.target + 0.02) + 0.005)
+    axes[0].set_ylim(*accuracy_ylim([c.metric for r in report.runs for c in r.history], report.target))
     axes[0].legend(loc="lower right")
     fig.suptitle(f"{report.recipe} vs baseline (dashed: target {report.target:.4f})")
     fig.tight_layout()

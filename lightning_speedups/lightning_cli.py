@@ -24,8 +24,10 @@ The shipped YAML configs (``lightning-speedups presets NAME --config``) do the s
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
@@ -45,16 +47,24 @@ class SpeedupCLI(LightningCLI):
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        super().parse_arguments(parser, args)
-        subcommand = self.config.get("subcommand")  # `self.subcommand` is set only after parsing
-        config = self.config[subcommand] if subcommand else self.config
+        # A first pass reads the preset's name. It leaves out `--print_config` (which prints and exits inside the
+        # parse, before the preset's defaults are set) and validation (so that `--print_config` still prints a
+        # config that misses required values); the second pass, below, does both.
+        if isinstance(args, dict | Namespace):
+            first = parser.parse_object(args, _skip_validation=True)
+        else:
+            raw = sys.argv[1:] if args is None else list(args)
+            first = parser.parse_args([a for a in raw if not _is_print_config(a)], _skip_validation=True)
+        subcommand = first.get("subcommand")  # `self.subcommand` is set only after parsing
+        config = first[subcommand] if subcommand else first
         name = config.get("preset")
-        if name is None:
-            return
         try:
-            preset = presets.lookup(name)
+            preset = None if name is None else presets.lookup(name)
         except presets.UnknownPresetError:
-            return  # `before_instantiate_classes` reports it as a parser error
+            preset = None  # `before_instantiate_classes` reports it as a parser error
+        if preset is None:
+            super().parse_arguments(parser, args)
+            return
         # The preset's Trainer settings, and its recommended precision and strategy for the accelerator and
         # devices asked for, become the parser's defaults, and the command line is read again: anything the
         # command line or a config gives, the Trainer's default value included, then wins over the preset.
@@ -89,3 +99,8 @@ class SpeedupCLI(LightningCLI):
             existing = existing if isinstance(existing, list) else [existing]
             kwargs["callbacks"] = [*existing, *recipe.callbacks]
         return super().instantiate_trainer(**kwargs)
+
+
+def _is_print_config(arg: str) -> bool:
+    """``--print_config`` or ``--print_config=flags``."""
+    return arg == "--print_config" or arg.startswith("--print_config=")

@@ -91,8 +91,17 @@ class Recipe:
                 settings["precision"] = recommended_precision(accelerator)
             if "strategy" not in kwargs and "strategy" not in fixed:
                 settings["strategy"] = recommended_strategy(devices, accelerator)
-        settings["callbacks"] = [*self.callbacks, *kwargs.get("callbacks", [])]
+        settings["callbacks"] = [*self.callbacks, *_as_callback_list(kwargs.get("callbacks"))]
         return pl.Trainer(**settings)
+
+
+def _as_callback_list(callbacks: Callback | Sequence[Callback] | None) -> list[Callback]:
+    """``callbacks`` as ``pl.Trainer`` takes them (None, one callback, or a list of them) -> a list."""
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, Callback):
+        return [callbacks]
+    return list(callbacks)
 
 
 _REGISTRY: dict[str, Preset] = {}

@@ -256,3 +256,119 @@ def test_a_presets_own_precision_is_part_of_its_arm(tmp_path, monkeypatch):
     assert extra == {"precision": "bf16-mixed"}  # kept for the recipe's arm; the baseline keeps the recommended one
     _, _, extra = _recipe(CompareConfig(preset="vision-mild", accelerator="cpu"))
     assert extra == {}
+
+
+def _write_module(tmp_path, monkeypatch, name: str, source: str) -> None:
+    """``name.py`` in ``tmp_path``, importable (and forgotten again after the test)."""
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, name, None)  # undone last: the module is gone after the test
+    monkeypatch.delitem(sys.modules, name)
+
+
+NO_VALIDATION = """
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader
+from lightning_speedups.demo import DigitsDataModule, ImageClassifier
+
+class NoValData(DigitsDataModule):
+    def val_dataloader(self):
+        return DataLoader([])
+
+class NoValStep(ImageClassifier):
+    validation_step = pl.LightningModule.validation_step
+"""
+
+
+@pytest.mark.parametrize(
+    ("model", "datamodule"),
+    [
+        ("lightning_speedups.demo:ImageClassifier", "no_val_mods:NoValData"),
+        ("no_val_mods:NoValStep", "lightning_speedups.demo:DigitsDataModule"),
+    ],
+)
+def test_a_run_that_never_validates_is_an_error_not_a_table_of_nan(model, datamodule, tmp_path, monkeypatch, capsys):
+    _write_module(tmp_path, monkeypatch, "no_val_mods", NO_VALIDATION)
+    tiny = [*TINY[4:], "--repeats", "1", "--callback", "LabelSmoothing", "--output", str(tmp_path / "out")]
+    assert main(["compare", "--model", model, "--datamodule", datamodule, *tiny]) == 2
+    err = capsys.readouterr().err
+    assert "never validated" in err and "validation_step" in err and "Traceback" not in err
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("source", "error"),
+    [
+        ("def broken(:\n", "SyntaxError"),
+        ("undefined_name\n", "NameError: name 'undefined_name' is not defined"),
+        ("raise RuntimeError('needs a GPU')\n", "RuntimeError: needs a GPU"),
+    ],
+)
+def test_a_module_that_fails_at_import_gives_a_message(source, error, tmp_path, monkeypatch, capsys):
+    _write_module(tmp_path, monkeypatch, "broken_speedup_model", source)
+    args = ["--model", "broken_speedup_model:Net", "--datamodule", "lightning_speedups.demo:DigitsDataModule"]
+    assert main(["compare", *args, "--no-progress", "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --model 'broken_speedup_model:Net': importing module 'broken_speedup_model' failed")
+    assert error in err and "Traceback" not in err
+
+
+def test_an_output_folder_that_cannot_hold_the_report_fails_before_training(tmp_path, capsys):
+    (tmp_path / "out" / "report.md").mkdir(parents=True)  # in the way of the report, for root too
+    assert main(["compare", "--callback", "MixUp", *TINY, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --output") and "report.md" in err and "Traceback" not in err
+
+
+def test_an_error_while_saving_the_report_gives_a_message(tmp_path, monkeypatch):
+    from lightning_speedups import compare
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "report.md"))
+
+    monkeypatch.setattr(compare, "save_report", refuse)  # as a folder made read-only while the runs trained
+    with pytest.raises(compare.CompareError, match=r"could not save the report.*Permission denied"):
+        run_comparison(_labelsmoothing_config(repeats=1, budget_baseline=False, output=tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("metrics", "target"),
+    [
+        ([0.1, 0.6, 0.9, 0.95], 0.95),  # the usual case: zoomed to 0.1 below the target
+        ([0.9, 0.95, 0.97], 0.5),  # a target below every accuracy
+        ([0.2, 0.3], 0.9),  # a target above every accuracy
+        ([0.99, 1.0], 1.0),
+        ([], 0.5),
+        ([float("nan"), 0.7], 0.6),
+    ],
+)
+def test_accuracy_plot_limits_hold_the_curves_top_and_the_target(metrics, target):
+    from lightning_speedups.compare import accuracy_ylim
+
+    lower, upper = accuracy_ylim(metrics, target)
+    assert lower < target < upper
+    assert upper > max([m for m in metrics if m == m], default=target)
+    assert lower >= target - 0.1 - 0.005 - 1e-9  # zoomed in: at most 0.1 (and the padding) below the target
+
+
+def test_accuracy_plot_limits_zoom_below_the_target():
+    from lightning_speedups.compare import accuracy_ylim
+
+    assert accuracy_ylim([0.1, 0.6, 0.9, 0.95], 0.95) == pytest.approx((0.845, 0.975))
+
+
+def test_parse_callback_with_lists_tuples_and_quoted_commas():
+    from lightning_speedups.compare import CompareError, _split_args
+
+    cb = parse_callback("LinearScalingWarmup:exclude_groups=[0, 1],warmup=2")
+    assert set(cb.exclude_groups) == {0, 1} and cb.warmup == 2
+    assert _split_args("s", "a=(1, 2),b='x,y', c={'k': [1, 2]}") == ["a=(1, 2)", "b='x,y'", "c={'k': [1, 2]}"]
+    assert parse_callback("EarlyStopping:monitor='val,acc',mode=max").monitor == "val,acc"
+    with pytest.raises(CompareError, match="unbalanced brackets"):
+        parse_callback("LinearScalingWarmup:exclude_groups=[0,1")
+
+
+def test_presets_config_without_a_name_is_an_error(capsys):
+    assert main(["presets", "--config"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --config") and "presets vision-mild --config" in err

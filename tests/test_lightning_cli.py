@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 from lightning.pytorch.cli import LightningCLI
 
 from lightning_speedups import (
@@ -100,3 +101,22 @@ def test_shipped_config_loads_in_a_plain_lightning_cli(name):
     if name == "large-batch":
         warmup = next(cb for cb in c.trainer.callbacks if isinstance(cb, LinearScalingWarmup))
         assert warmup.reference_batch_size == "initial" and warmup.warmup_unit == "fraction"
+
+
+def test_print_config_carries_the_presets_settings(monkeypatch, capsys, tmp_path):
+    name = "test-accumulate-4"
+    monkeypatch.setattr(presets, "_REGISTRY", dict(presets._REGISTRY))
+    presets.register(
+        presets.declarative(name, "s", "d", [("LabelSmoothing", {})], trainer={"accumulate_grad_batches": 4})
+    )
+    with pytest.raises(SystemExit) as info:
+        cli([f"--preset={name}", "--print_config"], cls=SpeedupCLI)
+    assert info.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["preset"] == name and printed["trainer"]["accumulate_grad_batches"] == 4
+    # re-running from the printed config keeps them; the command line still wins
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(printed))
+    assert cli([f"--config={tmp_path / 'config.yaml'}"], cls=SpeedupCLI).trainer.accumulate_grad_batches == 4
+    with pytest.raises(SystemExit):
+        cli([f"--preset={name}", "--trainer.accumulate_grad_batches=2", "--print_config"], cls=SpeedupCLI)
+    assert yaml.safe_load(capsys.readouterr().out)["trainer"]["accumulate_grad_batches"] == 2

@@ -222,3 +222,13 @@ def test_a_recipe_trainer_on_another_accelerator_gets_that_accelerators_settings
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     trainer = recipe.trainer(accelerator="cpu", devices=1, logger=False)
     assert trainer.precision == "32-true" and type(trainer.strategy).__name__ == "SingleDeviceStrategy"
+
+
+@pytest.mark.parametrize("callbacks", [None, MixUp(), [MixUp()], (MixUp(),)])
+def test_recipe_trainer_takes_callbacks_as_pl_trainer_does(callbacks):
+    # pl.Trainer takes None, one callback or a list: so does Recipe.trainer, appending them to the recipe's
+    recipe = presets.get("vision-mild", accelerator="cpu")
+    trainer = recipe.trainer(callbacks=callbacks, logger=False, enable_checkpointing=False)
+    ours = [type(cb).__name__ for cb in trainer.callbacks if type(cb).__module__.startswith("lightning_speedups")]
+    expected = ["ProgressiveResizing", "LabelSmoothing", "LinearScalingWarmup"]
+    assert ours == expected + ([] if callbacks is None else ["MixUp"])
