@@ -24,6 +24,7 @@ The shipped YAML configs (``lightning-speedups presets NAME --config``) do the s
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any
 
@@ -51,10 +52,10 @@ class SpeedupCLI(LightningCLI):
         # parse, before the preset's defaults are set) and validation (so that `--print_config` still prints a
         # config that misses required values); the second pass, below, does both.
         if isinstance(args, dict | Namespace):
-            first = parser.parse_object(args, _skip_validation=True)
+            first = _parse_without_validation(parser.parse_object, args)
         else:
             raw = sys.argv[1:] if args is None else list(args)
-            first = parser.parse_args([a for a in raw if not _is_print_config(a)], _skip_validation=True)
+            first = _parse_without_validation(parser.parse_args, [a for a in raw if not _is_print_config(a)])
         subcommand = first.get("subcommand")  # `self.subcommand` is set only after parsing
         config = first[subcommand] if subcommand else first
         name = config.get("preset")
@@ -104,3 +105,12 @@ class SpeedupCLI(LightningCLI):
 def _is_print_config(arg: str) -> bool:
     """``--print_config`` or ``--print_config=flags``."""
     return arg == "--print_config" or arg.startswith("--print_config=")
+
+
+def _parse_without_validation(parse: Any, args: Any) -> Any:
+    """``parse(args)`` without jsonargparse's validation, whose private flag changed name across versions."""
+    parameters = inspect.signature(parse).parameters
+    for flag in ("_skip_validation", "_skip_check"):
+        if flag in parameters:
+            return parse(args, **{flag: True})
+    return parse(args)
