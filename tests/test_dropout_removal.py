@@ -56,6 +56,19 @@ def test_dropout_is_inert_from_start_and_outputs_become_deterministic():
     assert sum(site.value > 0 for site in find_dropout(model)) == SITES and cb.removed == 0
 
 
+def test_dropout_added_to_the_model_after_start_is_switched_off_from_the_next_epoch():
+    class Grows(DropoutModule):
+        def on_train_epoch_end(self) -> None:
+            if self.current_epoch == 0:
+                self.extra = nn.Dropout(0.3)  # a model that grows during training
+
+    model = Grows()
+    cb = DropoutRemoval(start=0.0)
+    trainer(callbacks=[cb], max_epochs=2).fit(model, loaders("list")[0])  # 4 steps per epoch
+    assert [inert for _, inert, _ in model.log_steps] == [True] * 8  # the new dropout included, in epoch 1
+    assert cb.removed == 0 and model.extra.p == 0.3  # handed back, the new dropout too
+
+
 def test_a_fit_that_raises_hands_the_model_back_with_its_dropout():
     class Crashes(DropoutModule):
         def training_step(self, batch, batch_idx):

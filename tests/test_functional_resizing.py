@@ -99,6 +99,10 @@ def test_ffcv_ramp_values_by_hand():
     assert all(v % 32 == 0 for v in values) and values == sorted(values)
     assert ramp_resolution(70, 160, 256, 65, 75, round_to=16) == 208  # 160 + 96 * 0.5 = 208
     assert ramp_resolution(5, 64, 64, 0, 10) == 64
+    # rounding never leaves [min_res, max_res]: 14 px would round to 0, 25 px to 32, 104 px to 96
+    assert ramp_resolution(1, 12, 32, 0, 10) == 12
+    assert ramp_resolution(1, 20, 30, 0, 2) == 30
+    assert ramp_resolution(1, 100, 120, 0, 5) == 100
     with pytest.raises(ValueError, match="min_res"):
         ramp_resolution(0, 200, 100, 0, 1)
 

@@ -129,6 +129,15 @@ def test_ffcv_epoch_ramp():
     assert per_epoch == [(8, 8), (8, 8), (12, 12), (16, 16), (16, 16)]
 
 
+def test_an_epoch_ramp_coarser_than_its_range_stays_within_it():
+    # res_increment 32 on a 6 -> 16 px ramp: every size on the ramp rounds to 0 or 32 unless kept in range
+    model = SizeRecorder()
+    cb = ProgressiveResizing(min_res=6, max_res=16, start_ramp=0, end_ramp=4, mode="crop", validation="full")
+    trainer(callbacks=[cb], max_epochs=5, limit_train_batches=1).fit(model, loaders("list", size=SIZE)[0])
+    # epochs 1-3: 8.5, 11 and 13.5 px round to 0 with res_increment 32, held at min_res; epoch 4: max_res
+    assert [size for _, size, _, _ in model.train_seen] == [(6, 6)] * 4 + [(16, 16)]
+
+
 def test_dense_targets_are_resized_and_cropped_with_their_images():
     _, y = image_tensors(32, SIZE)
     mask = torch.arange(SIZE * SIZE).view(1, SIZE, SIZE).expand(32, SIZE, SIZE).contiguous()  # its own position

@@ -107,6 +107,17 @@ class DropoutRemoval(SpeedupCallback):
             if self.log_knobs and trainer.loggers:
                 self.log_now(trainer)
 
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        if not self._done:
+            return
+        # A model that grows during training (a new head, a swapped block): its new dropouts go too. Once per
+        # epoch, not per batch: a scan of every module costs more than a step of a small model.
+        added = disable_dropout(pl_module)
+        if added:
+            self._removed = [*self._removed, *added]
+            rank_zero_info(f"DropoutRemoval: switched off {len(added)} dropout(s) added to the model since.")
+
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._give_back(pl_module)
         super().teardown(trainer, pl_module, stage)

@@ -59,7 +59,8 @@ def ramp_resolution(
     """The training resolution at ``epoch``; FFCV's schedule.
 
     ``min_res`` up to ``start_ramp``, ``max_res`` from ``end_ramp``, in between the linear interpolation
-    rounded to the nearest multiple of ``round_to``.
+    rounded to the nearest multiple of ``round_to``, kept within ``[min_res, max_res]`` (FFCV's rounding alone
+    can leave that range: 14 px rounds to 0 with ``round_to=32``).
 
     Example::
 
@@ -77,7 +78,7 @@ def ramp_resolution(
     if epoch >= end_ramp:
         return int(max_res)
     res = min_res + (max_res - min_res) * (epoch - start_ramp) / (end_ramp - start_ramp)
-    return round(res / round_to) * round_to
+    return int(min(max_res, max(min_res, round(res / round_to) * round_to)))
 
 
 def _check_schedule(initial_scale: float, delay_fraction: float, finetune_fraction: float) -> None:
