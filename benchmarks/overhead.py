@@ -214,6 +214,8 @@ STEP_HOOKS = (
     "transform_batch",
     "_pre_step",  # LinearScalingWarmup's optimizer step hooks, registered from these attributes
     "_post_step",
+    "_before_closure",  # and around the step's closure (training_step and backward) it wraps
+    "_after_closure",
 )
 EPOCH_HOOKS = ("on_train_epoch_start", "on_train_epoch_end")
 
@@ -798,6 +800,7 @@ def notes(
             seam=part.get("seam dispatch", 0.0) * 1e6,
             pre=part.get("pre_step", 0.0) * 1e6,
             post=part.get("post_step", 0.0) * 1e6,
+            closure=(part.get("before_closure", 0.0) + part.get("after_closure", 0.0)) * 1e6,
             rng=alone.get(RNG, float("nan")) * 1e6,
             mix=alone.get(MIX, float("nan")) * 1e6,
             batch=" x ".join(map(str, (BATCH, *SHAPE))),
@@ -911,7 +914,9 @@ WHY: dict[str, str] = {
     ),
     "LinearScalingWarmup (active)": (
         "`_pre_step` ({pre:.0f} µs) and `_post_step` ({post:.0f} µs) on every update: the factor, then one "
-        "learning-rate scaling, snapshot and restore per param group, and the warmup's clock."
+        "learning-rate scaling, snapshot and restore per param group, and the warmup's clock; around the "
+        "step's closure, `_before_closure` and `_after_closure` ({closure:.0f} µs together) put the "
+        "scheduler's value back for `training_step` and scale again after it."
     ),
 }
 

@@ -333,15 +333,21 @@ class LinearScalingWarmup(SpeedupCallback):
             return None
 
         def closure_at_the_scheduler_lr() -> Any:
-            self._restore(i)
+            self._before_closure(i)
             try:
                 return closure()
             finally:
-                self._apply(i, factor)  # re-read: a learning rate set inside the closure is scaled too
+                self._after_closure(i, factor)
 
         if positional:
             return (args[0], closure_at_the_scheduler_lr, *args[2:]), kwargs
         return args, {**kwargs, "closure": closure_at_the_scheduler_lr}
+
+    def _before_closure(self, i: int) -> None:
+        self._restore(i)
+
+    def _after_closure(self, i: int, factor: float) -> None:
+        self._apply(i, factor)  # re-read: a learning rate set inside the closure is scaled too
 
     def _post_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
         i = self._index(optimizer)
