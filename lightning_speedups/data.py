@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.accelerators import CUDAAccelerator
+from torch import Tensor
 from torch.utils.data import (
     ConcatDataset,
     DataLoader,
@@ -155,6 +156,30 @@ def _in_memory_tensors(dataset: Any) -> bool:
     return False
 
 
+def dataset_labels(dataset: Dataset) -> np.ndarray | Sequence[Any] | None:
+    """The class labels ``dataset`` carries: a torchvision-style ``targets``, a ``TensorDataset``'s second
+    tensor, or those of the datasets under a ``Subset`` or ``ConcatDataset``; ``None`` if it has none."""
+    if getattr(dataset, "targets", None) is not None:
+        return dataset.targets  # type: ignore[attr-defined]
+    if isinstance(dataset, TensorDataset) and len(dataset.tensors) >= 2:
+        return dataset.tensors[1].cpu().numpy()
+    if isinstance(dataset, Subset):
+        inner = dataset_labels(dataset.dataset)
+        if inner is None:
+            return None
+        if isinstance(inner, np.ndarray | Tensor):
+            return np.asarray(inner)[np.asarray(dataset.indices, dtype=np.int64)]
+        return [inner[int(i)] for i in dataset.indices]
+    if isinstance(dataset, ConcatDataset):
+        parts = [dataset_labels(d) for d in dataset.datasets]
+        if any(p is None for p in parts):
+            return None
+        if all(isinstance(p, np.ndarray | Tensor) and np.asarray(p).ndim == 1 for p in parts):
+            return np.concatenate([np.asarray(p) for p in parts])
+        return [label for p in parts for label in p]  # type: ignore[union-attr]
+    return None
+
+
 def default_num_workers(dataset: Dataset, processes_per_node: int = 1) -> int:
     """Worker processes for a training loader: none for in-memory tensors, else a share of the CPUs.
 
@@ -248,17 +273,13 @@ class SpeedupDataModule(pl.LightningDataModule):
 
         One int per sample, or a sequence of ints per sample for multi-label data. By default:
         ``self.train_labels`` if set, else the dataset's ``targets`` (torchvision datasets), else the second
-        tensor of a ``TensorDataset``; ``None`` if none of those exists.
+        tensor of a ``TensorDataset``, also through a ``Subset`` (``random_split``) or ``ConcatDataset`` of
+        those; ``None`` if none of those exists.
         """
         labels = getattr(self, "train_labels", None)
         if labels is not None:
             return labels
-        dataset = self.get_train_dataset()
-        if getattr(dataset, "targets", None) is not None:
-            return dataset.targets  # type: ignore[attr-defined]
-        if isinstance(dataset, TensorDataset) and len(dataset.tensors) >= 2:
-            return dataset.tensors[1].cpu().numpy()
-        return None
+        return dataset_labels(self.get_train_dataset())
 
     def sample_difficulty(self) -> np.ndarray | None:
         """A difficulty score per training sample (higher = harder), for curricula; ``self.train_difficulty``."""

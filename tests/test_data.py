@@ -157,6 +157,24 @@ def test_metadata_defaults():
     assert dm.sample_labels() == [3] * 8
 
 
+def test_labels_through_random_split_and_concat():
+    x, y = torch.zeros(10, 1), torch.arange(10) % 3
+    train, _ = torch.utils.data.random_split(TensorDataset(x, y), [6, 4], generator=torch.Generator().manual_seed(0))
+    listed = IndexedImages(4)
+    listed.targets = [[0, 1], [2], [], [1]]  # multi-label, a plain list
+
+    class Split(SpeedupDataModule):
+        def setup(self, stage):
+            self.train_dataset = torch.utils.data.ConcatDataset([train, torch.utils.data.Subset(listed, [3, 0])])
+
+    dm = Split()
+    dm.setup("fit")
+    labels = dm.sample_labels()
+    assert len(labels) == len(dm.train_dataset) == 8
+    assert [int(v) for v in labels[:6]] == [int(y[i]) for i in train.indices]  # the split's own samples
+    assert labels[6:] == [[1], [0, 1]]
+
+
 def test_missing_dataset_and_bad_arguments():
     with pytest.raises(RuntimeError, match=r"set `self\.train_dataset`"):
         SpeedupDataModule().train_dataloader()
