@@ -236,6 +236,8 @@ class SpeedupCallback(Callback):
     def _salt(self) -> int:
         salt = self.__dict__.get("_salt_cache")
         if salt is None:
+            # An instance draws from its class's stream; a second instance of the class in the same trainer from
+            # its state key's (set in `setup`), so the two draw independently.
             salt = self._salt_cache = zlib.crc32(type(self).__qualname__.encode())
         return salt
 
@@ -271,7 +273,9 @@ class SpeedupCallback(Callback):
 
     @property
     def _log_prefix(self) -> str:
-        return self.log_name or _snake(type(self).__name__)
+        prefix = self.log_name or _snake(type(self).__name__)
+        sibling = self.__dict__.get("_sibling_index", 0)
+        return f"{prefix}_{sibling + 1}" if sibling else prefix
 
     def log_now(self, trainer: pl.Trainer) -> None:
         """Send :meth:`knobs` to every logger of ``trainer`` (rank zero only, as loggers are)."""
@@ -321,6 +325,7 @@ class SpeedupCallback(Callback):
             return
         self._state_key_cache = None
         self._state_key_cache = self.state_key
+        self._tell_siblings_apart(trainer)
         self._loaded_progress = None  # a checkpoint's, if any, is loaded after setup
         # each fit takes the process seed anew (unless one was given); a resume then restores the saved one
         self.seed = self._given_seed if self._given_seed is not None else _process_seed()
@@ -332,6 +337,20 @@ class SpeedupCallback(Callback):
                     "`training_step`, or remove this callback."
                 )
             seam.install(trainer, self)
+
+    def _tell_siblings_apart(self, trainer: pl.Trainer) -> None:
+        """Two instances of one class in a trainer: their own random streams, and their own names in the logs
+        (``mixup``, ``mixup_2``, in callback order)."""
+        siblings = [cb for cb in trainer.callbacks if type(cb) is type(self)]
+        index = next((i for i, cb in enumerate(siblings) if cb is self), 0)
+        self._sibling_index = index
+        if index > 0:  # the first draws what it would alone; each later one from its settings' own stream
+            key = self.state_key
+            if sum(cb.state_key == key for cb in siblings) > 1:
+                key = f"{key}#{index}"
+            self._salt_cache = zlib.crc32(f"{type(self).__qualname__}#{key}".encode())
+        else:
+            self.__dict__.pop("_salt_cache", None)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._leave_fit(trainer)

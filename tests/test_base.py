@@ -4,6 +4,7 @@ import warnings
 
 import pytest
 import torch
+from lightning.pytorch import seed_everything
 from lightning.pytorch.callbacks import GradientAccumulationScheduler, ModelCheckpoint
 
 from lightning_speedups import MixUp, SpeedupCallback, SpeedupWarning, training_progress
@@ -205,6 +206,23 @@ def test_two_instances_with_different_windows_have_distinct_state_keys():
     early, late = MixUp(end=0.5), MixUp(start=0.5)
     assert early.state_key != late.state_key
     trainer(callbacks=[early, late], max_steps=2).fit(RecordingModule(record=False), loaders()[0])
+
+
+def test_two_instances_of_one_class_draw_apart_and_log_apart():
+    def run(callbacks):
+        logger = MemoryLogger()
+        trainer(callbacks=callbacks, max_epochs=2, logger=logger, log_every_n_steps=1).fit(
+            RecordingModule(record=False), loaders()[0]
+        )
+        return {k: [v for _, v in pts] for k, pts in logger.history.items()}
+
+    seed_everything(0)
+    alone = run([MixUp(p=0.5)])
+    seed_everything(0)
+    pair = run([MixUp(p=0.5), MixUp(p=0.5, end=0.99)])
+    assert pair["mixup/lam"] == alone["mixup/lam"]  # the first draws what it draws alone
+    assert len(pair["mixup_2/lam"]) == len(pair["mixup/lam"]) == 8  # the second logs under its own name
+    assert pair["mixup_2/applied"] != pair["mixup/applied"] and pair["mixup_2/lam"] != pair["mixup/lam"]
 
 
 def test_the_state_key_is_worked_out_once_per_fit():
