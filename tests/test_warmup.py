@@ -339,6 +339,9 @@ def test_several_optimizers_each_warm_up_on_their_own_updates():
     assert [u[0] for u in module.second.used] == pytest.approx([LR * ramp(t, 4, 2.0) for t in range(4)])
     assert cb.updates == [8, 4]
     assert {"lr_warmup/lr-RecordingSGD", "lr_warmup/lr-RecordingSGD-1"} <= logger.history.keys()
+    # each optimizer's own factor: the second, with half the updates, is still warming up at the end
+    assert logger.history["lr_warmup/factor-RecordingSGD"][-1][1] == pytest.approx(ramp(7, 4, 2.0))
+    assert logger.history["lr_warmup/factor-RecordingSGD-1"][-1][1] == pytest.approx(ramp(3, 4, 2.0))
 
 
 class BothEveryBatch(TwoOptimizers):

@@ -148,6 +148,7 @@ class LinearScalingWarmup(SpeedupCallback):
         # the plan's inputs (loader, accumulation) change only between epochs: re-read at an epoch's first update
         self._plan_stale = True
         self._last_factor: float | None = None
+        self._last_factors: dict[int, float] = {}  # per optimizer: with several, each is at its own point
         self._last_lrs: dict[int, list[Any]] = {}
         self._keep_reference = False  # keep `_initial_reference` for the next fit (after a batch-size search)
 
@@ -182,6 +183,7 @@ class LinearScalingWarmup(SpeedupCallback):
             self._done = None
             self._plan = None
             self._last_factor, self._last_lrs = None, {}  # an earlier fit's read-outs are not this one's
+            self._last_factors = {}
             if self._keep_reference:  # the fit before only searched the batch size (Tuner.scale_batch_size)
                 self._keep_reference = False
                 return
@@ -279,6 +281,10 @@ class LinearScalingWarmup(SpeedupCallback):
             "factor": self._last_factor,
             "global_batch_size": float(self._plan.global_batch),
         }
+        if len(self._last_factors) > 1:  # several optimizers: each one's factor, under its LR's name
+            for i, factor in self._last_factors.items():
+                if i < len(self._names):
+                    out[f"factor-{self._names[i].removeprefix('lr-')}"] = factor
         for i, lrs in self._last_lrs.items():
             if i >= len(self._names):  # optimizers swapped for fewer
                 continue
@@ -300,7 +306,7 @@ class LinearScalingWarmup(SpeedupCallback):
         factor, share = self._factor(i, plan)
         self._apply(i, factor)
         self._pending_share[i] = share
-        self._last_factor = factor
+        self._last_factor = self._last_factors[i] = factor
         return self._wrap_closure(i, factor, args, kwargs)
 
     def _apply(self, i: int, factor: float) -> None:
