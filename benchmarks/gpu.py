@@ -6,7 +6,10 @@ Two measurements, each over real ``Trainer.fit`` runs, the variants taking turns
    (``ProgressiveResizing`` holding the scale, ``mode="resize"``), against the FLOPs ratio of the forward and
    backward pass (``torch.utils.flop_counter``). Goal (issue 7): at scale 0.5, at least 80% of the FLOPs ideal,
    i.e. ``throughput(0.5) / throughput(1.0) >= 0.8 * FLOPs(1.0) / FLOPs(0.5)``.
-2. **Callback overhead**: the median step time with each callback (active) against a plain Trainer.
+2. **Callback overhead**: the median step time with each callback (active) against a plain Trainer (the
+   samplers' cost is on the CPU, building index lists, and is measured in the CPU sections).
+3. **Digits time to accuracy** on the GPU: ``benchmarks/time_to_accuracy.py``'s digits task and protocol with
+   ``accelerator="gpu"`` (vision-mild only in quick mode), the device recorded.
 
 The data is ``torchvision.datasets.FakeData`` (random images made in memory; nothing is downloaded), decoded
 once to a pinned ``uint8`` ``TensorDataset`` (a quarter of float32's transfer) and turned into floats on the GPU
@@ -149,7 +152,14 @@ def flops(scale: float, batch_size: int) -> float:
 
 
 def measure(quick: bool, batch_size: int = 128, steps: int | None = None) -> dict[str, Any]:
-    from lightning_speedups import CutMix, DropoutRemoval, LabelSmoothing, MixUp, ProgressiveResizing
+    from lightning_speedups import (
+        CutMix,
+        DropoutRemoval,
+        LabelSmoothing,
+        LinearScalingWarmup,
+        MixUp,
+        ProgressiveResizing,
+    )
 
     warnings.filterwarnings("ignore")
     torch.backends.cudnn.benchmark = True
@@ -165,6 +175,7 @@ def measure(quick: bool, batch_size: int = 128, steps: int | None = None) -> dic
             "CutMix": lambda: [CutMix(1.0, num_classes=1000)],
             "LabelSmoothing": lambda: [LabelSmoothing(0.1, num_classes=1000)],
             "DropoutRemoval (nothing to remove)": lambda: [DropoutRemoval(1.0)],
+            "LinearScalingWarmup (warming up)": lambda: [LinearScalingWarmup(batch_size // 2, 1.0, "fraction")],
         }
     )
     times: dict[str, list[float]] = {k: [] for k in variants}
@@ -231,9 +242,10 @@ def not_run(reason: str) -> str:
             "",
             common.command_block(COMMAND),
             "",
-            "It measures progressive-resizing throughput at scales 0.5 / 0.75 / 1.0 against the FLOPs ideal, and "
-            "the step-time overhead of MixUp, CutMix, LabelSmoothing and DropoutRemoval against a plain Trainer "
-            "(ResNet-18, batch 128, `bf16-mixed`, `channels_last`, `torchvision.datasets.FakeData`).",
+            "It measures progressive-resizing throughput at scales 0.5 / 0.75 / 1.0 against the FLOPs ideal, "
+            "the step-time overhead of MixUp, CutMix, LabelSmoothing, DropoutRemoval and LinearScalingWarmup "
+            "against a plain Trainer (ResNet-18, batch 128, `bf16-mixed`, `channels_last`, "
+            "`torchvision.datasets.FakeData`), and the digits time to accuracy trained on the GPU.",
             "",
             common.goal_marker(
                 "ProgressiveResizing throughput ≥ 80% of the FLOPs ideal at scale 0.5 on GPU",
@@ -245,10 +257,35 @@ def not_run(reason: str) -> str:
     )
 
 
+def digits(quick: bool) -> str:
+    """The digits time-to-accuracy table, trained on the GPU."""
+    from benchmarks import time_to_accuracy as tta
+
+    only = ["vision-mild"] if quick else None
+    result = tta.run_task(tta.TASKS["digits"], seeds=tta.SEEDS, only=only, accelerator="gpu")
+    table, _ = tta.task_table(result)
+    return "\n".join(
+        [
+            "### Digits time to accuracy on the GPU",
+            "",
+            common.command_block(
+                "PYTHONPATH=. python benchmarks/time_to_accuracy.py --tasks digits --accelerator gpu"
+                + (" --only vision-mild" if quick else "")
+            ),
+            "",
+            common.machine_line(common.machine()),
+            f"- The CPU section's protocol and task ({tta.SEEDS} seeds, rotated arms, equal-budget control), "
+            f"trained on the GPU in 32-bit. Target {result['target']:.4f}.",
+            "",
+            table,
+        ]
+    )
+
+
 def section(quick: bool, out_dir: Path) -> str:
     if not torch.cuda.is_available():
         return not_run("no CUDA device on this machine (none was lent to this run).")
-    return render(measure(quick), COMMAND + (" --quick" if quick else ""))
+    return render(measure(quick), COMMAND + (" --quick" if quick else "")) + "\n\n" + digits(quick)
 
 
 def main() -> None:
@@ -256,11 +293,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--no-digits", action="store_true", help="skip the digits time to accuracy")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/gpu.py: skipped, no CUDA device here (torch.cuda.is_available() is False).")
         return
     print(render(measure(args.quick, args.batch_size, args.steps), COMMAND))
+    if not args.no_digits:
+        print("\n" + digits(args.quick))
 
 
 if __name__ == "__main__":

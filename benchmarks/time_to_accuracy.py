@@ -122,7 +122,9 @@ def validation_size(make_dm: Any) -> int | None:
         return None
 
 
-def run_task(task: Task, seeds: int, only: list[str] | None = None, log: Any = print) -> dict[str, Any]:
+def run_task(
+    task: Task, seeds: int, only: list[str] | None = None, log: Any = print, accelerator: str = "cpu"
+) -> dict[str, Any]:
     """Train every arm of ``task`` for ``seeds`` seeds; the raw runs and their summaries.
 
     Within a seed the arms run in a rotated order, the rotation spread evenly over the seeds. The equal-budget
@@ -137,7 +139,7 @@ def run_task(task: Task, seeds: int, only: list[str] | None = None, log: Any = p
         datamodule=task.datamodule,
         model_args=task.model_args,
         datamodule_args=task.datamodule_args,
-        accelerator="cpu",
+        accelerator=accelerator,
         max_epochs=task.max_epochs,
         repeats=seeds,
         output=None,
@@ -152,7 +154,7 @@ def run_task(task: Task, seeds: int, only: list[str] | None = None, log: Any = p
     started = time.perf_counter()
 
     def run_arm(label: str, name: str | None, overrides: dict[str, Any], steps: int, seed: int) -> RunResult:
-        callbacks = [] if name is None else presets.get(name, accelerator="cpu", **overrides).callbacks
+        callbacks = [] if name is None else presets.get(name, accelerator=accelerator, **overrides).callbacks
         callbacks = compare._measure_at_full_size(callbacks)
         run = compare._run(label, seed, cfg, make_model, make_dm, callbacks, {}, None, steps)
         log(f"  [{task.name}] seed {seed} {label}: final {run.final:.4f}, {run.wall:.1f} s")
@@ -544,9 +546,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--only", nargs="+", default=None, help="preset labels to run (default: all)")
     parser.add_argument("--json", type=Path, default=None, help="also save the summaries here")
+    parser.add_argument("--accelerator", default="cpu", help="cpu (the documented figures) or gpu")
     args = parser.parse_args()
     for name in args.tasks:
-        result = run_task(TASKS[name], args.seeds, args.only)
+        result = run_task(TASKS[name], args.seeds, args.only, accelerator=args.accelerator)
         table, verdicts = task_table(result)
         print(f"\n{TASKS[name].title}: target {result['target']:.4f}\n" + table)
         if name == "digits":

@@ -206,6 +206,27 @@ def test_time_to_accuracy_rotates_the_controls_after_seed_zero(monkeypatch):
     assert tta.correct_text({**result, "target": 358 / 359}) == " (358 of 359 validation samples)"
 
 
+def test_gpu_digits_section_runs_the_time_to_accuracy_task_on_the_gpu(monkeypatch):
+    from benchmarks import gpu
+    from lightning_speedups import compare
+    from lightning_speedups.meter import Checkpoint
+
+    accelerators: set[str] = set()
+
+    def fake_run(arm, repeat, cfg, make_model, make_dm, callbacks, extra, bar, max_steps=-1):
+        accelerators.add(cfg.accelerator)
+        steps = max_steps if max_steps > 0 else 100
+        flops = 10.0 * steps if callbacks == [] else 500.0
+        history = [Checkpoint(step=steps, epoch=0, wall=1.0, cpu=1.0, flops=flops, metric=0.9)]
+        return compare.RunResult(arm=arm, repeat=repeat, history=history, flops=flops, steps=steps)
+
+    monkeypatch.setattr(compare, "_run", fake_run)
+    text = gpu.digits(quick=True)
+    assert accelerators == {"gpu"}
+    assert "Digits time to accuracy on the GPU" in text and "--accelerator gpu --only vision-mild" in text
+    assert "vision-mild" in text and "Target 0.9000" in text
+
+
 def test_goal_marker_outcome_overrides_the_label_in_the_summary():
     from benchmarks import run
 
