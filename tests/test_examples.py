@@ -20,6 +20,11 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
             ["--max-epochs", "2", "--size", "8", "--batch-size", "256", "--warmup-epochs", "1"],
             r"batch 256, 12 steps, scaled lr: validation accuracy ([\d.]+)%",
         ),
+        (
+            "long_tail_digits.py",
+            ["--max-epochs", "2", "--size", "8"],
+            r"RepeatFactorSampling\(threshold=0.1\): balanced accuracy ([\d.]+)%",
+        ),
     ],
 )
 def test_example_runs_and_learns(script, args, pattern):
