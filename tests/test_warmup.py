@@ -415,6 +415,9 @@ def test_effective_lr_keys_match_lr_monitors_for_each_optimizer(sched_name):
         "factor",
         "global_batch_size",
     }
+    factors = {k for k in ours if k.startswith("factor-")}  # one per optimizer, named as its learning rate
+    assert factors == {f"factor-{k.removeprefix('lr-')}" for k in monitor}
+    ours -= factors
     assert monitor == ours and len(ours) == 2
     second = sched_name or "lr-RecordingSGD"  # the optimizer with the scheduler comes first
     assert logger.history[f"lr_warmup/{second}"][-1][1] == pytest.approx(module.second.param_groups[0]["lr"])
