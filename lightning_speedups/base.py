@@ -125,6 +125,13 @@ def steps_per_batch(trainer: pl.Trainer) -> int:
     return max(1, len(trainer.optimizers))
 
 
+def _clock(trainer: pl.Trainer) -> int:
+    """What progress counts: optimizer steps, or batches under manual optimization with several optimizers."""
+    if steps_per_batch(trainer) > 1:
+        return int(trainer.fit_loop.epoch_loop.batch_progress.total.processed)
+    return int(trainer.global_step)
+
+
 def _manual_progress(trainer: pl.Trainer) -> float:
     """Progress under manual optimization with several optimizers, where Lightning's global step counts every
     optimizer's steps: batches against the ``max_epochs`` bound, global steps against ``max_steps``."""
@@ -195,9 +202,10 @@ class SpeedupCallback(Callback):
             return training_progress(trainer, self._total_steps)
         total = self._total_steps
         training_progress(trainer, total)  # the error for an unbounded run
-        if total <= step0:
-            return 1.0
-        return min(1.0, max(p0, p0 + (1.0 - p0) * (trainer.global_step - step0) / (total - step0)))
+        done = 1.0 if total <= step0 else p0 + (1.0 - p0) * (_clock(trainer) - step0) / (total - step0)
+        if steps_per_batch(trainer) > 1 and trainer.max_steps is not None and trainer.max_steps > 0:
+            done = max(done, trainer.global_step / trainer.max_steps)  # the run may end at max_steps first
+        return min(1.0, max(p0, done))
 
     def _refresh_total_steps(self, trainer: pl.Trainer, *, reloaded: bool = False) -> None:
         if not reloaded:
@@ -206,8 +214,14 @@ class SpeedupCallback(Callback):
         # A loader reloaded at this epoch's start, maybe with another length: the progress reached stands, and
         # the rest of the run (the steps taken so far, then the new length) spreads the remainder
         reached = self.progress(trainer) if self._total_steps is not None else 0.0
-        self._anchor = (int(trainer.global_step), reached) if reached > 0.0 else (0, 0.0)
-        self._total_steps = run_length(trainer, from_epoch=trainer.current_epoch, steps_before=trainer.global_step)
+        clock = _clock(trainer)
+        self._anchor = (clock, reached) if reached > 0.0 else (0, 0.0)
+        self._total_steps = run_length(
+            trainer,
+            from_epoch=trainer.current_epoch,
+            steps_before=clock,
+            with_max_steps=steps_per_batch(trainer) == 1,  # in batches, max_steps counts other units
+        )
 
     # ------------------------------------------------------------------ batches
     def transform_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:

@@ -161,22 +161,24 @@ def load_object(path: str, what: str) -> Any:
 
 def _split_args(spec: str, text: str) -> list[str]:
     """``"a=[0, 1],b='x,y'"`` -> ``["a=[0, 1]", "b='x,y'"]``: split on commas outside brackets and quotes, so a
-    value can be a list, tuple, dict or quoted string."""
+    value can be a list, tuple, dict or quoted string. A bracket or quote only opens one at the start of a value
+    (or inside one already open): a plain string such as ``name=it's`` or ``tag=a(b`` stays a plain string."""
     items, depth, quote, start = [], 0, "", 0
+    at_value_start = False
     for i, char in enumerate(text):
         if quote:
             quote = "" if char == quote else quote
-        elif char in "'\"":
+        elif char in "'\"" and (at_value_start or depth > 0):
             quote = char
-        elif char in "([{":
+        elif char in "([{" and (at_value_start or depth > 0):
             depth += 1
-        elif char in ")]}":
+        elif char in ")]}" and depth > 0:
             depth -= 1
-            if depth < 0:
-                break
         elif char == "," and depth == 0:
             items.append(text[start:i])
             start = i + 1
+        if not char.isspace():
+            at_value_start = char == "=" and depth == 0 and not quote
     if depth != 0 or quote:
         raise CompareError(f"--callback {spec!r}: unbalanced brackets or quotes in the arguments {text!r}.")
     items.append(text[start:])

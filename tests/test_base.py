@@ -123,7 +123,10 @@ class TwoOptimizersEveryBatch(RecordingModule):
         return torch.optim.SGD(self.net.conv.parameters(), lr=0.1), torch.optim.SGD(self.net.fc.parameters(), lr=0.1)
 
 
-@pytest.mark.parametrize("kwargs", [{"max_epochs": 2}, {"max_steps": 12, "max_epochs": -1}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"max_epochs": 2}, {"max_steps": 12, "max_epochs": -1}, {"max_epochs": 2, "reload_dataloaders_every_n_epochs": 1}],
+)
 def test_progress_under_manual_optimization_with_two_optimizers(kwargs):
     probe = ProgressProbe()
     t = trainer(callbacks=[probe], **kwargs)

@@ -366,6 +366,9 @@ def test_parse_callback_with_lists_tuples_and_quoted_commas():
     assert parse_callback("EarlyStopping:monitor='val,acc',mode=max").monitor == "val,acc"
     with pytest.raises(CompareError, match="unbalanced brackets"):
         parse_callback("LinearScalingWarmup:exclude_groups=[0,1")
+    # a bracket or quote inside a plain string value opens nothing: the value stays a string
+    assert _split_args("s", "name=it's,tag=a(b, p=0.5") == ["name=it's", "tag=a(b", "p=0.5"]
+    assert parse_callback("EarlyStopping:monitor=val_acc(top1),mode=max").monitor == "val_acc(top1)"
 
 
 def test_presets_config_without_a_name_is_an_error(capsys):
