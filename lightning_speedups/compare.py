@@ -10,10 +10,11 @@ on the user's model fails before the baseline has spent minutes training):
    counted training FLOPs, and validated at its last step. A speedup that a shorter schedule alone gives is no
    speedup; this arm shows it.
 
-Every arm records, at each validation, wall time, process CPU time, counted training FLOPs, steps and the
-validation metric (:class:`~lightning_speedups.meter.TrainingMeter`). The target defaults to the baseline's
-final metric (the lower median over repeats, so that a majority of baseline runs reach it); the time, CPU time
-and FLOPs to reach it are medians over every repeat, a run that missed the target counting as never reaching it.
+Every arm records, at each validation, wall time, CPU time (with DataLoader workers'), counted training FLOPs,
+steps and the validation metric (:class:`~lightning_speedups.meter.TrainingMeter`). The target defaults to the
+baseline's final metric (the lower median over repeats, so that a majority of baseline runs reach it); the time,
+CPU time and FLOPs to reach it are medians over every repeat, a run that missed the target counting as never
+reaching it.
 """
 
 from __future__ import annotations

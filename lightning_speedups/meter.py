@@ -3,11 +3,18 @@
 Used by ``lightning-speedups compare`` and the benchmarks. FLOPs are *counted*, not estimated: the first
 training step of each distinct batch shape runs under ``torch.utils.flop_counter.FlopCounterMode`` (forward and
 backward), and every later step of that shape adds the same count. A technique that changes the input size
-(progressive resizing) therefore gets its FLOPs right at every size it trains at.
+(progressive resizing) therefore gets its FLOPs right at every size it trains at. ``BatchSizeFinder``'s trial
+steps, which Lightning runs without callbacks, are in the wall and CPU time but not in the FLOPs.
+
+CPU time is this process's (all its threads) plus its DataLoader workers' (live workers read from ``/proc``,
+finished ones from ``RUSAGE_CHILDREN``; on systems without ``/proc``, this process's only), so that moving work
+into the workers (pipeline-mode resizing) is not counted as a saving.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,9 +38,33 @@ class Checkpoint:
     step: int
     epoch: int
     wall: float  # seconds since fit start, validation included
-    cpu: float  # process CPU seconds since fit start (all threads of this process)
+    cpu: float  # CPU seconds since fit start: this process (all threads) and its DataLoader workers
     flops: float  # training FLOPs so far, all ranks
     metric: float  # the monitored validation metric
+
+
+def cpu_seconds() -> float:
+    """CPU seconds used so far by this process and its child processes (DataLoader workers), live or finished."""
+    total = time.process_time()
+    try:
+        import resource
+
+        finished = resource.getrusage(resource.RUSAGE_CHILDREN)  # children already waited for
+        total += finished.ru_utime + finished.ru_stime
+    except (ImportError, OSError):  # pragma: no cover - not POSIX
+        return total
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover
+        return total
+    for child in multiprocessing.active_children():  # also reaps finished ones, moving them into RUSAGE_CHILDREN
+        try:
+            with open(f"/proc/{child.pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        except (OSError, IndexError, ValueError):  # no /proc, or the worker just exited
+            continue
+    return total
 
 
 def _shape_key(batch: Any) -> tuple:
@@ -72,7 +103,7 @@ class TrainingMeter(Callback):
             self.history, self.flops, self.flops_per_shape = [], 0.0, {}
             # The clocks start here, not at `on_fit_start`: Lightning runs `BatchSizeFinder` (moved to the front of
             # the callbacks) in its `on_fit_start`, and its trial steps are part of the recipe's cost.
-            self._t0, self._c0 = time.perf_counter(), time.process_time()
+            self._t0, self._c0 = time.perf_counter(), cpu_seconds()
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # A resumed run continues the clocks of the checkpoint it restored.
@@ -82,6 +113,7 @@ class TrainingMeter(Callback):
             self._c0 -= last.cpu
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
+        self._stop_counting()  # a batch whose end hook never ran (the module's `on_train_batch_start` returned -1)
         key = _shape_key(batch)
         if key in self.flops_per_shape:
             self.flops += self.flops_per_shape[key] * trainer.world_size
@@ -108,6 +140,15 @@ class TrainingMeter(Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._stop_counting()
 
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._stop_counting()  # never leave the counter on past a skipped batch: it would slow everything after
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._stop_counting()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._stop_counting()
+
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
             return
@@ -123,7 +164,7 @@ class TrainingMeter(Callback):
                 step=trainer.global_step,
                 epoch=trainer.current_epoch,
                 wall=time.perf_counter() - self._t0,
-                cpu=time.process_time() - self._c0,
+                cpu=cpu_seconds() - self._c0,
                 flops=self.flops,
                 metric=float(value),
             )

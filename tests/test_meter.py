@@ -1,5 +1,7 @@
 """TrainingMeter: FLOPs counted per batch shape against a hand computation; history at each validation."""
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -74,3 +76,37 @@ def test_the_clocks_include_work_done_at_fit_start(monkeypatch):
     meter = TrainingMeter()
     trainer(callbacks=[SlowStart(), meter], max_epochs=1).fit(Linear(), data(16), data(16))
     assert meter.history[0].wall == 100.0 and meter.history[0].cpu == 100.0
+
+
+class BusyDataset(torch.utils.data.Dataset):
+    """Each sample costs at least 5 ms of CPU time where it is loaded (a worker process here)."""
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        start = time.process_time()
+        while time.process_time() - start < 0.005:
+            pass
+        return torch.randn(10), i % 4
+
+
+def test_cpu_time_includes_the_dataloader_workers():
+    meter = TrainingMeter()
+    loader = DataLoader(BusyDataset(), batch_size=8, num_workers=2)
+    before = time.process_time()
+    trainer(callbacks=[meter], max_epochs=2).fit(Linear(), loader, data(16))
+    main_process = time.process_time() - before
+    # 64 samples loaded in the workers, at least 5 ms of CPU each: none of it in this process's own clock
+    assert meter.history[-1].cpu >= main_process * 0.9 + 64 * 0.005 * 0.9
+
+
+def test_a_skipped_batch_leaves_no_counter_on():
+    class SkipsFirst(Linear):
+        def on_train_batch_start(self, batch, batch_idx):
+            return -1 if self.current_epoch == 0 else None  # ends epoch 0 before its first step
+
+    meter = TrainingMeter()
+    trainer(callbacks=[meter], max_epochs=2).fit(SkipsFirst(), data(32), data(16))
+    assert meter._counting is None and _get_current_dispatch_mode() is None
+    assert meter.flops == 32 * 2 * 10 * 4 * 2  # epoch 1's two batches, counted once each
