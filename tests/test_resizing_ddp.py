@@ -1,13 +1,16 @@
 """ProgressiveResizing and DropoutRemoval under Lightning's DDP: 2 CPU processes (gloo), checked inside the workers."""
 
 import sys
+from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import DDPStrategy
+from torch.utils.data import DataLoader, Dataset, Subset
 
-from lightning_speedups import DropoutRemoval, ProgressiveResizing
+from lightning_speedups import DropoutRemoval, ProgressiveResizing, SpeedupDataModule
 from lightning_speedups.functional import find_dropout
 from lightning_speedups.pipeline import ResolutionSampler
 from tests.helpers import ImagesDataModule, trainer
@@ -88,3 +91,32 @@ def test_recalibration_pooled_and_dropout_removed_on_every_rank(mode):
     t = trainer(strategy="ddp_fork", devices=2, max_epochs=2, callbacks=[cb, DropoutRemoval(start=0.5), check])
     t.fit(model, datamodule=dm)
     assert t.state.finished  # every worker assertion passed, or fit would have raised
+
+
+class TwoSizes(Dataset):
+    """Even indices 16 x 16, odd ones 4 x 4: unshuffled, rank 0 trains on the large images, rank 1 on the small."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        side = 16 if i % 2 == 0 else 4
+        return torch.randn(1, side, side, generator=torch.Generator().manual_seed(i)), torch.tensor(i % 4)
+
+
+class TwoSizesData(SpeedupDataModule):
+    def setup(self, stage):
+        self.train_dataset = TwoSizes()
+
+    def val_dataloader(self):
+        return DataLoader(Subset(TwoSizes(), [0, 2]), batch_size=2)
+
+
+def test_recalibration_decided_alike_on_every_rank():
+    """Rank 1's 4 x 4 images are at full size even at scale 0.5, rank 0's are not: both must still recalibrate
+    (pooling is a collective), or rank 0 waits for rank 1 until the process group times out."""
+    cb = ProgressiveResizing(0.5, 0.5, 0.0, validation="recalibrate", calibration_batches=1)
+    strategy = DDPStrategy(start_method="fork", timeout=timedelta(seconds=60))  # a regression fails, not hangs
+    t = trainer(strategy=strategy, devices=2, max_epochs=2, val_check_interval=2, callbacks=[cb])
+    t.fit(SizeRecorder(), datamodule=TwoSizesData(batch_size=2, shuffle=False))
+    assert t.state.finished

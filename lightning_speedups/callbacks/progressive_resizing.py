@@ -464,16 +464,25 @@ class ProgressiveResizing(SpeedupCallback):
             return
         if trainer.sanity_checking or trainer.state.fn != "fit" or self._plan is None or self._plan.is_full:
             return  # trained at full size: the running statistics fit
-        if self.mode != "pipeline" and self._size == self._full:
+        if not self._trained_bn:
+            return  # every BatchNorm layer is frozen: their statistics do not depend on the training size
+        several = trainer.world_size > 1
+        # Every rank must take the same decisions: recalibrating pools statistics over the ranks (a collective).
+        # This rank's last batch may have trained at full size while another's did not (images of several sizes).
+        wanted = self.mode == "pipeline" or self._size != self._full
+        if several:
+            wanted = trainer.strategy.reduce_boolean_decision(wanted, all=False)
+        if not wanted:
             return
         inputs = self._calibration_inputs(trainer, pl_module)
-        if not inputs:
+        have = bool(inputs)
+        if several:
+            have = trainer.strategy.reduce_boolean_decision(have, all=True)
+        if not have:
             if not self._warned_no_calibration:
                 self._warned_no_calibration = True
                 self.warn("no training batch to recalibrate BatchNorm with yet; this validation is uncorrected.")
             return
-        if not self._trained_bn:
-            return  # every BatchNorm layer is frozen: their statistics do not depend on the training size
         self._snapshot = snapshot_batchnorm(pl_module)
         forward = self._forward
         unreached: list[nn.Module] = []
@@ -489,9 +498,11 @@ class ProgressiveResizing(SpeedupCallback):
                 "`calibration_forward=lambda module, images: ...`, or validation='train_size' or 'full'."
             ) from err
         missed = {id(bn) for bn in unreached}
-        if trainer.world_size > 1:
-            reached = [bn for bn in self._trained_bn if id(bn) not in missed]
-            pool_batchnorm_statistics(pl_module, lambda t: trainer.strategy.reduce(t, reduce_op="mean"), reached)
+        if several:
+            # every trained layer, on every rank, so each rank makes the same collectives: a layer this rank's
+            # forward missed keeps its training statistics, which DDP keeps equal on all ranks (a no-op mean)
+            mean = lambda t: trainer.strategy.reduce(t, reduce_op="mean")  # noqa: E731
+            pool_batchnorm_statistics(pl_module, mean, self._trained_bn)
         if missed and not self._warned_unreached:
             self._warned_unreached = True
             names = [name for name, m in pl_module.named_modules() if id(m) in missed]
