@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import math
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any
+
+
+def is_real(value: Any) -> bool:
+    """Whether ``value`` is a real number (Python or NumPy scalar), ``bool`` excluded."""
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def is_integral(value: Any) -> bool:
+    """Whether ``value`` is an integer (Python or NumPy scalar), ``bool`` excluded."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
 
 
 def real(name: str, value: Any) -> float:

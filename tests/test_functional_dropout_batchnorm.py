@@ -284,3 +284,15 @@ def test_unknown_rate_names_are_listed_not_changed():
     assert unhandled_dropout(model) == ["0.attn_dropout_prob=0.1"]  # dropout_rate is known; zeros are no dropout
     assert {s.attribute for s in disable_dropout(model)} == {"dropout_rate", "p"}
     assert model[0].attn_dropout_prob == 0.1
+
+
+def test_layers_without_running_statistics_are_skipped():
+    net = nn.Sequential(nn.BatchNorm1d(4, track_running_stats=False), nn.BatchNorm1d(4))
+    net[1].running_mean.fill_(1.0)
+    snap = snapshot_batchnorm(net, [net[0], net[1]])
+    assert snap.layers == [net[1]]
+    net[1].running_mean.zero_()
+    snap.restore()
+    assert torch.equal(net[1].running_mean, torch.ones(4))
+    pool_batchnorm_statistics(net, lambda t: t, [net[0], net[1]])  # the identity: one process
+    assert torch.equal(net[1].running_mean, torch.ones(4)) and net[0].running_mean is None

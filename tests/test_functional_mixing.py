@@ -218,3 +218,38 @@ def test_cutmix_needs_spatial_dims_and_bad_alpha():
         sample_lambda(0.0)
     with pytest.raises(ValueError, match="smoothing"):
         smooth_labels(torch.arange(3), 1.0, num_classes=3)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.rand(4, 3, 8, 8).to(memory_format=torch.channels_last).requires_grad_(),
+        lambda: torch.rand(4, 8, 3).transpose(1, 2).requires_grad_(),
+    ],
+    ids=["channels_last", "transposed"],
+)
+def test_mix_of_a_non_contiguous_input_that_requires_grad_backpropagates(make):
+    x, y, perm = make(), torch.tensor([0, 1, 2, 3]), torch.tensor([2, 0, 3, 1])
+    mx, _ = mix(x, y, 0.3, perm, 4)
+    assert torch.allclose(mx, 0.3 * x + 0.7 * x[perm])
+    mx.sum().backward()
+    assert torch.allclose(x.grad, torch.ones_like(x))  # each sample weighs lam as itself, 1 - lam as a partner
+    mixed = mixup_batch(make(), y, num_classes=4, generator=0)[0]
+    assert mixed.requires_grad
+
+
+def test_boxes_are_clipped_to_the_sample_and_take_none_bounds():
+    x, y, perm = torch.rand(4, 3, 16, 16), torch.tensor([0, 1, 2, 3]), torch.tensor([1, 0, 3, 2])
+    out, probs, lam = cut_and_paste(x, y, (slice(0, 100), slice(0, 100)), perm, 4)
+    assert lam == 0.0 and torch.equal(out, x[perm]) and torch.equal(probs, torch.eye(4)[perm])
+    assert box_lambda((16, 16), (slice(None, 4), slice(0, 8))) == 1 - 32 / 256
+    assert box_lambda((16, 16), (slice(-4, None), slice(None))) == 1 - 64 / 256
+    assert box_lambda((16, 16), (slice(20, 30), slice(0, 8))) == 1.0  # wholly outside: nothing pasted
+    out, _, lam = cut_and_paste(x, y, (slice(-4, None), slice(None, 8)), perm, 4)
+    ref = x.clone()
+    ref[:, :, -4:, :8] = x[perm][:, :, -4:, :8]
+    assert torch.equal(out, ref) and lam == 1 - 32 / 256
+    with pytest.raises(ValueError, match=r"`box`.*step 1"):
+        cut_and_paste(x, y, (slice(0, 8, 2), slice(0, 8)), perm, 4)
+    with pytest.raises(ValueError, match="`box` has 1 dims"):
+        box_lambda((16, 16), (slice(0, 8),))

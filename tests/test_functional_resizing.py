@@ -73,7 +73,7 @@ def test_composer_schedule_is_its_formula(p, scale, delay, finetune):
     got = progressive_scale(p, scale, delay, finetune)
     if p < delay:
         expected = scale
-    elif p >= 1 - finetune:
+    elif p >= 1 - finetune or 1 - finetune - delay < 1e-12:  # a ramp within rounding of 0 is a step
         expected = 1.0
     else:
         expected = scale + (1 - scale) * (p - delay) / (1 - finetune - delay)
@@ -266,3 +266,53 @@ def test_other_bad_inputs():
         with pytest.raises(ValueError, match=r"`initial_scale` must be in \(0, 1\]"):
             progressive_scale(0.5, bad)
     assert math.isclose(progressive_scale(0.0, 1.0), 1.0)
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.6, 0.7, 0.9])
+def test_a_step_ramp_is_full_size_at_the_delay_whatever_the_rounding(delay):
+    finetune = round(1 - delay, 10)  # 1 - 0.3 - 0.7 is 5.6e-17, 1 - 0.7 - 0.3 is 0: both a step
+    assert progressive_scale(delay, 0.5, delay, finetune) == 1.0
+    assert progressive_scale(delay - 1e-9, 0.5, delay, finetune) == 0.5
+
+
+def test_resolution_size_keeps_the_shorter_side_after_rounding():
+    assert resolution_size((100, 101), 50, 8) == (50, 50)  # 50.5 rounds to 48 < 50: clamped
+    assert resolution_size((101, 100), 50, 8) == (50, 50)
+    assert ResizePlan(resolution=50, size_increment=8).size_for((100, 101)) == (50, 50)
+    assert resolution_size((8, 9), 69, 32) == (69, 69)  # upsampling: 77.6 rounds to 64 < 69
+    for h in range(8, 80, 3):
+        for w in range(h + 1, h + 8):
+            for res in range(4, 90, 5):
+                for inc in (1, 4, 8, 32):
+                    s = resolution_size((h, w), res, inc)
+                    assert min(s) == res and (s[0] <= s[1]) == (h <= w), ((h, w), res, inc, s)
+    with pytest.raises(ValueError, match="`size_increment` must be >= 1"):
+        resolution_size((30, 40), 20, 0)
+
+
+def test_crop_at_takes_any_leading_dims():
+    tops, lefts = torch.tensor([0, 1]), torch.tensor([2, 3])
+    vol = torch.rand(2, 3, 4, 10, 12)
+    out = crop_at(vol, (5, 6), tops, lefts)
+    assert out.shape == (2, 3, 4, 5, 6) and out.is_contiguous()
+    assert torch.equal(out[0], vol[0, ..., 0:5, 2:8]) and torch.equal(out[1], vol[1, ..., 1:6, 3:9])
+    mask = torch.randint(0, 5, (2, 10, 12))
+    assert torch.equal(crop_at(mask, (5, 6), tops, lefts)[1], mask[1, 1:6, 3:9])
+    with pytest.raises(ValueError, match=r"`x` must be \(N, \.\.\., H, W\)"):
+        crop_at(torch.rand(2, 10), (5, 6), tops, lefts)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool, torch.int16])
+def test_nearest_resize_of_integer_and_bool_images(dtype):
+    x = torch.randint(0, 2 if dtype == torch.bool else 255, (2, 3, 10, 12)).to(dtype)
+    for size in [(5, 6), (23, 17)]:
+        out = resize_images(x, size, "nearest")
+        assert out.dtype == dtype
+        assert torch.equal(out, resize_images(x.float(), size, "nearest").to(dtype))
+        new_x, _ = resize_batch(x, size, interpolation="nearest")
+        assert torch.equal(new_x, out)
+
+
+def test_a_bad_mode_is_refused_even_at_the_same_size():
+    with pytest.raises(ValueError, match="`mode` must be 'resize' or 'crop', got 'bogus'"):
+        resize_batch(torch.rand(1, 1, 8, 8), (8, 8), mode="bogus")

@@ -359,3 +359,38 @@ def test_repeated_entries_past_the_small_index_range_keep_their_sample(monkeypat
     assert out.dtype == np.int8  # sample ids up to 99 fit the small dtype, as they should
     np.testing.assert_array_equal(np.bincount(out, minlength=100), counts)  # each sample its count, none wrapped
     np.testing.assert_array_equal(out, reference)  # the very same epoch as with int32
+
+
+def test_a_pool_of_zero_samples_is_refused():
+    order = np.arange(10)
+    for counts in (None, np.ones(10, int)):
+        with pytest.raises(ValueError, match="`batch_pools` must be >= 1"):
+            fs.curriculum_epoch(order, np.array([0, 5]), 4, 8, seed=0, epoch=0, counts=counts)
+
+
+def test_pacing_takes_numpy_scalars_and_refuses_bools():
+    p = fs.Pacing("fixed_exponential", start=np.float32(0.25), growth=np.float64(2.0), step_length=np.int64(10))
+    assert p == fs.Pacing("fixed_exponential", start=0.25, growth=2.0, step_length=10)
+    assert type(p.start) is float and type(p.step_length) is int
+    assert p.fraction([0, 10, 20]).tolist() == [0.25, 0.5, 1.0]
+    with pytest.raises(ValueError, match="`step_length` must be an int >= 1"):
+        fs.Pacing(step_length=True)
+    with pytest.raises(ValueError, match="`start_fraction` must be in"):
+        fs.Pacing(start=True)
+
+
+def test_stochastic_round_of_a_scalar():
+    got = [int(fs.stochastic_round(2.5, np.random.default_rng(s))) for s in range(200)]
+    assert set(got) == {2, 3}
+    assert fs.stochastic_round(np.float64(4.0), np.random.default_rng(0)).shape == ()
+
+
+def test_rank_and_num_replicas_are_checked():
+    with pytest.raises(ValueError, match=r"`rank` must be in \[0, 4\)"):
+        fs.shuffled_epoch(5, 8, seed=0, epoch=0, rank=5, num_replicas=4)
+    with pytest.raises(ValueError, match=r"`rank` must be in \[0, 2\)"):
+        fs.shuffled_epoch(5, 8, seed=0, epoch=0, rank=-1, num_replicas=2)
+    with pytest.raises(ValueError, match="`num_replicas` must be >= 1"):
+        fs.shard(np.arange(3), 0, 0)
+    with pytest.raises(ValueError, match="`num_replicas` must be >= 1"):
+        fs.curriculum_epoch(np.arange(10), np.array([5, 5]), 4, 8, seed=0, epoch=0, num_replicas=0)

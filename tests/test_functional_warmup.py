@@ -4,6 +4,7 @@ import itertools
 import math
 from fractions import Fraction
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -124,3 +125,12 @@ def test_factor_is_a_monotone_ramp_that_ends_at_the_scale(warmup, scale, start):
     assert factors[warmup:] == [scale] * 3
     if warmup > 1 and scale > 1:
         assert factors[warmup - 1] < scale  # the ramp really lasts `warmup` updates
+
+
+def test_numpy_integers_are_ints():
+    assert global_batch_size(np.int64(64), np.int32(2), np.int64(4)) == 512
+    assert type(global_batch_size(np.int64(64))) is int
+    assert batch_scale(np.int64(512), np.int64(256)) == 2.0
+    assert steps_per_epoch(np.int64(5), np.int64(2)) == 3
+    with pytest.raises(ValueError, match="`batch_size` must be a positive int"):
+        global_batch_size(True)

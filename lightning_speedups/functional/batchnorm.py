@@ -21,11 +21,13 @@ from torch.nn.modules.batchnorm import _BatchNorm
 Forward = Callable[[nn.Module, Any], Any]
 
 
+def _has_statistics(bn: _BatchNorm) -> bool:
+    return bn.track_running_stats and bn.running_mean is not None and bn.running_var is not None
+
+
 def batchnorm_layers(model: nn.Module) -> list[_BatchNorm]:
     """The BatchNorm layers of ``model`` that keep running statistics (``SyncBatchNorm`` included)."""
-    return [
-        m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats and m.running_mean is not None
-    ]
+    return [m for m in model.modules() if isinstance(m, _BatchNorm) and _has_statistics(m)]
 
 
 @dataclass
@@ -67,8 +69,11 @@ class BatchNormSnapshot:
 
 
 def snapshot_batchnorm(model: nn.Module, layers: Sequence[_BatchNorm] | None = None) -> BatchNormSnapshot:
-    """Save the running statistics of every BatchNorm layer of ``model`` (or of the given ``layers``)."""
-    layers = batchnorm_layers(model) if layers is None else list(layers)
+    """Save the running statistics of every BatchNorm layer of ``model`` (or of the given ``layers``).
+
+    Given ``layers`` without running statistics (``track_running_stats=False``) are left out: nothing to save.
+    """
+    layers = batchnorm_layers(model) if layers is None else [bn for bn in layers if _has_statistics(bn)]
     with torch.no_grad():
         return BatchNormSnapshot(
             layers,
@@ -169,10 +174,10 @@ def pool_batchnorm_statistics(
     ``mean_across(t)`` must return the mean of ``t`` over the processes (e.g. a DDP strategy's ``reduce``).
     With equally many samples per process the pooled mean is the mean of the means, and the pooled
     variance is the mean of ``var + mean**2`` minus the pooled mean squared. ``layers``: those to pool (default:
-    all); every process must pass the same ones.
+    all); every process must pass the same ones. Layers without running statistics are skipped.
     """
     with torch.no_grad():
-        for bn in batchnorm_layers(model) if layers is None else layers:
+        for bn in batchnorm_layers(model) if layers is None else [bn for bn in layers if _has_statistics(bn)]:
             mean = bn.running_mean.detach().clone().float()
             second = bn.running_var.detach().clone().float() + mean**2
             pooled_mean = mean_across(mean)

@@ -118,7 +118,11 @@ def mix(x: Tensor, target: Tensor, lam: float, perm: Tensor, num_classes: int | 
     # In place on the fresh partner copy (never on `x`): one new buffer instead of two, the same values as
     # `torch.lerp(x[perm], x, lam)`; on CPU a large new buffer costs page faults, not only memory traffic.
     # A channels_last (or other non-default) layout is kept: `empty_like` copies it, and lerp stays fast.
-    partner = x.index_select(0, perm) if x.is_contiguous() else torch.index_select(x, 0, perm, out=torch.empty_like(x))
+    # out= takes no part in autograd: a non-contiguous input that requires grad takes the plain path.
+    if x.is_contiguous() or x.requires_grad:
+        partner = x.index_select(0, perm)
+    else:
+        partner = torch.index_select(x, 0, perm, out=torch.empty_like(x))
     return partner.lerp_(x, lam), probs.index_select(0, perm).lerp_(probs, lam)
 
 
@@ -164,9 +168,28 @@ def cutmix_box(spatial_shape: Sequence[int], lam: float, generator: RandomState 
     return tuple(slices)
 
 
+def _normalize_box(spatial_shape: Sequence[int], box: Sequence[slice]) -> tuple[slice, ...]:
+    """``box`` with each slice resolved against its side (None and negative bounds, clipping), step 1."""
+    if len(box) != len(spatial_shape):
+        raise ValueError(f"`box` has {len(box)} dims but the input has {len(spatial_shape)} spatial dims.")
+    out = []
+    for s, size in zip(box, spatial_shape, strict=True):
+        if not isinstance(s, slice):
+            raise TypeError(f"`box` must be a sequence of slices, got {s!r}.")
+        start, stop, step = s.indices(int(size))
+        if step != 1:
+            raise ValueError(f"`box` slices must have step 1 (a contiguous region), got {s!r}.")
+        out.append(slice(start, max(start, stop)))
+    return tuple(out)
+
+
 def box_lambda(spatial_shape: Sequence[int], box: Sequence[slice]) -> float:
-    """The share of the sample that stays its own after pasting ``box``: ``1 - box area / total area``."""
-    area = math.prod(s.stop - s.start for s in box)
+    """The share of the sample that stays its own after pasting ``box``: ``1 - box area / total area``.
+
+    The slices are taken as indexing takes them: None and negative bounds are allowed, and the box is clipped
+    to ``spatial_shape``.
+    """
+    area = math.prod(s.stop - s.start for s in _normalize_box(spatial_shape, box))
     return 1.0 - area / math.prod(spatial_shape)
 
 
@@ -175,13 +198,13 @@ def cut_and_paste(
 ) -> tuple[Tensor, Tensor, float]:
     """Paste ``box`` of each partner ``x[perm]`` into ``x``; targets weighted by the pasted area's share.
 
-    Returns ``(cut_x, mixed_target, lam)`` with ``lam = 1 - box area / sample area``.
+    Returns ``(cut_x, mixed_target, lam)`` with ``lam = 1 - box area / sample area``; ``box`` is clipped to the
+    sample's shape (see :func:`box_lambda`).
     """
     _check_float_input(x, "cutmix")
     _check_spatial_input(x)
     spatial = tuple(x.shape[2:])
-    if len(box) != len(spatial):
-        raise ValueError(f"`box` has {len(box)} dims but the input has {len(spatial)} spatial dims.")
+    box = _normalize_box(spatial, box)
     lam = box_lambda(spatial, box)
     region = (slice(None), slice(None), *box)
     out = x.clone()

@@ -29,6 +29,9 @@ INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
 
 Size = tuple[int, int]
 
+#: ramps of :func:`progressive_scale` shorter than this (a fraction of training) are steps
+_MIN_RAMP = 1e-12
+
 
 # ---------------------------------------------------------------------------------------------- schedules
 def progressive_scale(
@@ -37,8 +40,8 @@ def progressive_scale(
     """The scale of the inputs at ``progress`` (fraction of training done, in [0, 1]); Composer's schedule.
 
     ``initial_scale`` while ``progress < delay_fraction``; then linear from ``initial_scale`` to 1 until
-    ``1 - finetune_fraction``; 1 from there on. With ``delay_fraction + finetune_fraction == 1`` the ramp is a
-    step at ``delay_fraction``.
+    ``1 - finetune_fraction``; 1 from there on. With ``delay_fraction + finetune_fraction == 1`` (to within
+    1e-12) the ramp is a step at ``delay_fraction``: ``progress == delay_fraction`` already gives 1.
 
     Example::
 
@@ -49,7 +52,8 @@ def progressive_scale(
     if progress < delay_fraction:
         return float(initial_scale)
     ramp = 1.0 - finetune_fraction - delay_fraction
-    done = 1.0 if ramp <= 0 else min(1.0, (progress - delay_fraction) / ramp)
+    # a ramp within float rounding of zero is a step: full size from `delay_fraction` on, whatever the rounding
+    done = 1.0 if ramp < _MIN_RAMP else min(1.0, (progress - delay_fraction) / ramp)
     return float(initial_scale + (1.0 - initial_scale) * done)
 
 
@@ -125,9 +129,10 @@ def scaled_size(size: Size, scale: float, size_increment: int = 4) -> Size:
 def resolution_size(size: Size, resolution: int, size_increment: int = 4) -> Size:
     """The size whose shorter side is ``resolution`` (the longer one scaled alike), as ``Resize(int)`` does.
 
-    The longer side is rounded to a multiple of ``size_increment``; a square stays square, and ``resolution``
-    equal to the shorter side gives the image's own size (so a crop of that size always fits). ``resolution``
-    may exceed the shorter side (the images are then upsampled).
+    The longer side is rounded to a multiple of ``size_increment``, but never below ``resolution`` (which then
+    wins over the increment); a square stays square, and ``resolution`` equal to the shorter side gives the
+    image's own size (so a crop of that size always fits). ``resolution`` may exceed the shorter side (the
+    images are then upsampled).
 
     Example::
 
@@ -136,6 +141,8 @@ def resolution_size(size: Size, resolution: int, size_increment: int = 4) -> Siz
     """
     if resolution < 1:
         raise ValueError(f"`resolution` must be >= 1, got {resolution!r}.")
+    if size_increment < 1:
+        raise ValueError(f"`size_increment` must be >= 1, got {size_increment!r}.")
     h, w = int(size[0]), int(size[1])
     short, long = min(h, w), max(h, w)
     if h == w:
@@ -145,6 +152,7 @@ def resolution_size(size: Size, resolution: int, size_increment: int = 4) -> Siz
     long_side = max(size_increment, round(long * resolution / short / size_increment) * size_increment)
     if resolution < short:
         long_side = min(long_side, long)  # rounding up must not make a downsized image wider than the original
+    long_side = max(long_side, resolution)  # rounding down must not make the long side the shorter one
     return (int(resolution), int(long_side)) if h <= w else (int(long_side), int(resolution))
 
 
@@ -198,7 +206,8 @@ def check_image_batch(x: object, who: str = "resize") -> Tensor:
 def resize_images(x: Tensor, size: Size, interpolation: str = "bilinear", antialias: bool = True) -> Tensor:
     """Resize ``(N, C, H, W)`` images to ``size``; ``antialias`` applies to bilinear and bicubic downsizing.
 
-    Returns ``x`` itself when it already has ``size``.
+    Returns ``x`` itself when it already has ``size``. ``"nearest"`` takes any dtype; bilinear and bicubic need
+    floating-point images.
     """
     check_image_batch(x, "resize_images")
     if interpolation not in INTERPOLATIONS:
@@ -207,6 +216,9 @@ def resize_images(x: Tensor, size: Size, interpolation: str = "bilinear", antial
     if tuple(x.shape[-2:]) == size:
         return x
     if interpolation == "nearest":
+        if not x.is_floating_point() and x.dtype != torch.uint8:
+            # torch has no nearest kernel for int/bool images: gather the same samples as the masks get
+            return resize_masks(x, size, "nearest")
         return F.interpolate(x, size=size, mode="nearest")
     if not x.is_floating_point():
         raise TypeError(
@@ -256,17 +268,24 @@ def crop_offsets(
 
 
 def crop_at(x: Tensor, size: Size, tops: Tensor, lefts: Tensor) -> Tensor:
-    """Crop sample ``i`` of ``(N, ..., H, W)`` at ``(tops[i], lefts[i])`` to ``size``; any dtype."""
+    """Crop sample ``i`` of ``(N, ..., H, W)`` at ``(tops[i], lefts[i])`` to ``size``; any dtype.
+
+    Any number of dims may sit between the batch and ``H, W`` (none for masks, ``C`` for images, ``C, D`` for
+    volumes). A channels_last image batch stays channels_last.
+    """
+    if x.ndim < 3:
+        raise ValueError(f"`x` must be (N, ..., H, W) with at least 3 dims, got shape {tuple(x.shape)}.")
     n = x.shape[0]
     tops, lefts = tops.to(x.device), lefts.to(x.device)
     rows = tops[:, None] + torch.arange(size[0], device=x.device)  # (N, h)
     cols = lefts[:, None] + torch.arange(size[1], device=x.device)  # (N, w)
     batch = torch.arange(n, device=x.device)
+    # advanced indices around the middle dims put the indexed ones first: (N, h, w, ...) -> (N, ..., h, w)
+    out = x[batch[:, None, None], ..., rows[:, :, None], cols[:, None, :]]
     if x.ndim == 3:
-        return x[batch[:, None, None], rows[:, :, None], cols[:, None, :]]
-    # advanced indices around a slice put the indexed dims first: (N, h, w, C) -> (N, C, h, w)
-    out = x[batch[:, None, None], :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
-    # the permuted result is laid out channels_last already: keep that for channels_last inputs
+        return out
+    out = out.permute(0, *range(3, x.ndim), 1, 2)
+    # for images the permuted result is laid out channels_last already: keep that for channels_last inputs
     channels_last = x.ndim == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
     return out.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
@@ -299,13 +318,13 @@ def resize_batch(
             f"Dense targets must have the images' height and width: images {tuple(x.shape)}, targets "
             f"{tuple(mask.shape)}."
         )
+    if mode not in ("resize", "crop"):
+        raise ValueError(f"`mode` must be 'resize' or 'crop', got {mode!r}.")
     if tuple(x.shape[-2:]) == size:
         return x, mask
     if mode == "resize":
         new_mask = resize_masks(mask, size, interpolation) if mask is not None else None
         return resize_images(x, size, interpolation, antialias), new_mask
-    if mode == "crop":
-        tops, lefts = crop_offsets(x.shape[0], (x.shape[-2], x.shape[-1]), size, generator)
-        new_mask = crop_at(mask, size, tops, lefts) if mask is not None else None
-        return crop_at(x, size, tops, lefts), new_mask
-    raise ValueError(f"`mode` must be 'resize' or 'crop', got {mode!r}.")
+    tops, lefts = crop_offsets(x.shape[0], (x.shape[-2], x.shape[-1]), size, generator)
+    new_mask = crop_at(mask, size, tops, lefts) if mask is not None else None
+    return crop_at(x, size, tops, lefts), new_mask

@@ -34,6 +34,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from lightning_speedups._checks import is_integral, is_real
+
 #: Random streams of an epoch; each gets its own generator so that skipping one never shifts another.
 STREAM_ROUND, STREAM_SHUFFLE, STREAM_CURRICULUM, STREAM_TIES = 1, 2, 3, 4
 
@@ -245,8 +247,13 @@ def epoch_rng(seed: int, epoch: int, stream: int) -> np.random.Generator:
 
 
 def stochastic_round(values: np.ndarray, generator: np.random.Generator) -> np.ndarray:
-    """Round each value down or up at random so that the expectation is the value: ``floor(v) + (u < frac)``."""
+    """Round each value down or up at random so that the expectation is the value: ``floor(v) + (u < frac)``.
+
+    ``values`` may be an array or a scalar (which gives a 0-d array).
+    """
     v = np.asarray(values, dtype=np.float64)
+    if v.ndim == 0:  # a scalar: ufuncs with out= need arrays
+        return stochastic_round(v.reshape(1), generator).reshape(())
     frac = np.floor(v)
     counts = frac.astype(np.int64)
     np.subtract(v, frac, out=frac)  # in place: one array fewer at 10M samples
@@ -273,8 +280,7 @@ def shard(indices: np.ndarray, num_replicas: int, rank: int) -> np.ndarray:
     ``len(indices)`` must be a multiple of ``num_replicas`` (build the list at ``shard_size * W``), so that
     every rank gets the same number of samples and the shards are disjoint sets of positions.
     """
-    if not 0 <= rank < num_replicas:
-        raise ValueError(f"`rank` must be in [0, {num_replicas}), got {rank}.")
+    _check_replicas(rank, num_replicas)
     if len(indices) % num_replicas:
         raise ValueError(f"The epoch list ({len(indices)}) is not a multiple of num_replicas ({num_replicas}).")
     return indices[rank::num_replicas]
@@ -289,6 +295,13 @@ def permutation(size: int, *, seed: int, epoch: int, stream: int = STREAM_SHUFFL
     generator = torch.Generator().manual_seed((int(state[0]) << 31) | (int(state[1]) >> 1))
     dtype = torch.int32 if index_dtype(size - 1) == np.int32 else torch.int64
     return torch.randperm(size, generator=generator, dtype=dtype).numpy()
+
+
+def _check_replicas(rank: int, num_replicas: int) -> None:
+    if num_replicas < 1:
+        raise ValueError(f"`num_replicas` must be >= 1 (the number of processes), got {num_replicas}.")
+    if not 0 <= rank < num_replicas:
+        raise ValueError(f"`rank` must be in [0, {num_replicas}) (`num_replicas`), got {rank}.")
 
 
 def _positions(length: int, rank: int, num_replicas: int) -> slice:
@@ -310,6 +323,7 @@ def shuffled_epoch(
 
     With ``num_replicas > 1``, only the positions ``rank, rank + num_replicas, ...`` of that list.
     """
+    _check_replicas(rank, num_replicas)
     dtype = index_dtype(num_samples - 1)  # of the sample indices returned
     size = num_samples if counts is None else int(np.sum(counts))
     if size == 0:
@@ -440,20 +454,24 @@ class Pacing:
     def __post_init__(self) -> None:
         if self.kind not in PACING_KINDS:
             raise ValueError(f"`pacing` must be one of {PACING_KINDS}, got {self.kind!r}.")
-        if not (isinstance(self.start, int | float) and 0.0 < self.start <= 1.0):
+        if not (is_real(self.start) and 0.0 < self.start <= 1.0):
             raise ValueError(
                 f"`start_fraction` must be in (0, 1], got {self.start!r}. It is the fraction of the easiest "
                 "data available at the first step (Hacohen & Weinshall used 0.04; 1 disables the curriculum)."
             )
-        if not (isinstance(self.full_at, int | float) and self.full_at > 0 and math.isfinite(self.full_at)):
+        if not (is_real(self.full_at) and self.full_at > 0 and math.isfinite(self.full_at)):
             raise ValueError(
                 f"`full_at` must be > 0, got {self.full_at!r}. It is the fraction of training steps after which "
                 "all the data is available (Wu et al.'s `a`; values above 1 never reach all the data)."
             )
-        if not (isinstance(self.growth, int | float) and self.growth > 1 and math.isfinite(self.growth)):
+        if not (is_real(self.growth) and self.growth > 1 and math.isfinite(self.growth)):
             raise ValueError(f"`growth` must be > 1, got {self.growth!r}: the pool grows by this factor.")
-        if isinstance(self.step_length, bool) or not isinstance(self.step_length, int) or self.step_length < 1:
+        if not is_integral(self.step_length) or self.step_length < 1:
             raise ValueError(f"`step_length` must be an int >= 1, got {self.step_length!r}.")
+        # NumPy scalars are accepted, and stored as Python numbers
+        for name in ("start", "full_at", "growth"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+        object.__setattr__(self, "step_length", int(self.step_length))
 
     @property
     def needs_total_steps(self) -> bool:
@@ -642,12 +660,18 @@ def curriculum_epoch(
         >>> bool(e[:4].max() < 2), bool(e[4:].max() < 5)
         (True, True)
     """
+    _check_replicas(rank, num_replicas)
     n = len(order)
     size = max(1, int(batch_size))
     num_batches = -(-length // size)
     pools = np.asarray(batch_pools, dtype=np.int64)[:num_batches]
     if len(pools) < num_batches:
         raise ValueError(f"`batch_pools` covers {len(pools) * size} positions, fewer than `length` ({length}).")
+    if pools.min(initial=1) < 1:
+        raise ValueError(
+            f"`batch_pools` must be >= 1 (each batch draws from that many easiest samples), got {pools.min()}; "
+            "see `pool_sizes`."
+        )
     where = _positions(length, rank, num_replicas)
     # Every position's uniform draw, sliced to ours: the same list whatever the number of ranks.
     u = np.ascontiguousarray(epoch_rng(seed, epoch, STREAM_CURRICULUM).random(length)[where])

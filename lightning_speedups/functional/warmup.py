@@ -21,6 +21,8 @@ import math
 from numbers import Real
 from typing import Literal
 
+from lightning_speedups._checks import is_integral
+
 ScalingRule = Literal["linear", "sqrt"]
 WarmupStart = Literal["unscaled", "zero"]
 WarmupUnit = Literal["steps", "epochs", "fraction"]
@@ -31,9 +33,9 @@ WARMUP_UNITS: tuple[str, ...] = ("steps", "epochs", "fraction")
 
 
 def _positive_int(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_integral(value) or value < 1:
         raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
-    return value
+    return int(value)
 
 
 def global_batch_size(batch_size: int, accumulate_grad_batches: int = 1, world_size: int = 1) -> int:
@@ -62,8 +64,8 @@ def batch_scale(global_batch: int, reference_batch_size: int, rule: ScalingRule 
         >>> batch_scale(1024, 256), batch_scale(1024, 256, rule="sqrt")
         (4.0, 2.0)
     """
-    _positive_int("global_batch", global_batch)
-    _positive_int("reference_batch_size", reference_batch_size)
+    global_batch = _positive_int("global_batch", global_batch)
+    reference_batch_size = _positive_int("reference_batch_size", reference_batch_size)
     if rule not in SCALING_RULES:
         raise ValueError(f"`rule` must be one of {SCALING_RULES}, got {rule!r}.")
     k = global_batch / reference_batch_size
@@ -80,10 +82,10 @@ def steps_per_epoch(num_batches: int, accumulate_grad_batches: int = 1) -> int:
         >>> steps_per_epoch(5, accumulate_grad_batches=2)
         3
     """
-    _positive_int("accumulate_grad_batches", accumulate_grad_batches)
-    if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 0:
+    accumulate = _positive_int("accumulate_grad_batches", accumulate_grad_batches)
+    if not is_integral(num_batches) or num_batches < 0:
         raise ValueError(f"`num_batches` must be an int >= 0, got {num_batches!r}.")
-    return math.ceil(num_batches / accumulate_grad_batches)
+    return math.ceil(int(num_batches) / accumulate)
 
 
 def warmup_length(
