@@ -65,8 +65,8 @@ def window(start: Any, end: Any) -> tuple[float, float]:
 def optional_int(name: str, value: Any, *, minimum: int) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_integral(value):
         raise TypeError(f"`{name}` must be an int or None, got {value!r}.")
     if value < minimum:
         raise ValueError(f"`{name}` must be >= {minimum}, got {value!r}.")
-    return value
+    return int(value)  # a NumPy integer (from a config) becomes a Python int

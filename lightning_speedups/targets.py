@@ -197,6 +197,7 @@ class TargetTransformCallback(SpeedupCallback):
         self.hard_target_key = hard_target_key
         self.check_loss = bool(check_loss)
         self._checked_first_batch = False
+        self._target_kind: tuple[Any, ...] | None = None
         self._applied = 0.0
 
     # ------------------------------------------------------------------ to implement
@@ -270,15 +271,23 @@ class TargetTransformCallback(SpeedupCallback):
                 )
 
     def transform_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
-        if not self._checked_first_batch:
+        x, target = self._read(batch)
+        # The first batch is checked in full (values too: one device sync); every later one cheaply (no sync): a
+        # batch whose targets are of another kind (logits, another shape) or whose input and target sizes differ
+        # gets the first batch's checks and messages, not a torch error deep inside the technique.
+        kind = _kind(target)
+        if (
+            not self._checked_first_batch
+            or kind != self._target_kind
+            or (self.mixes_inputs and _batch_size(x) != _batch_size(target))
+        ):
             self._check_batch(batch)
-            self._checked_first_batch = True
+            self._checked_first_batch, self._target_kind = True, kind
         if self.hard_target_key is not None:
-            batch = self._keep_hard_target(batch)
+            batch = self._keep_hard_target(batch)  # adds a key: the input and target read above stay as they are
         if not self.draw_active(trainer):
             self._applied = 0.0
             return batch
-        x, target = self._read(batch)
         num_classes = self._classes or target.shape[1]
         try:
             new_x, new_target = self.apply(x, target, num_classes, trainer)
@@ -402,3 +411,14 @@ class TargetTransformCallback(SpeedupCallback):
 
     def knobs(self) -> dict[str, float]:
         return {"applied": self._applied}
+
+
+def _kind(target: Any) -> tuple[Any, ...]:
+    """What kind of targets a batch holds, without reading their values: a change needs the first-batch checks."""
+    if not isinstance(target, Tensor):
+        return (type(target),)
+    return (target.dtype, target.ndim, target.shape[-1] if target.ndim == 2 else None, target.device)
+
+
+def _batch_size(value: Any) -> int | None:
+    return value.shape[0] if isinstance(value, Tensor) and value.ndim > 0 else None

@@ -278,3 +278,16 @@ def test_progress_after_a_reload_resumes_where_the_uninterrupted_run_was(tmp_pat
     )
     assert [s for s, _ in resumed.seen] == [s for s, _ in first.seen[step:]]
     assert [p for _, p in resumed.seen] == pytest.approx([p for _, p in first.seen[step:]])
+
+
+def test_numpy_integers_from_a_config_are_accepted():
+    import numpy as np
+
+    from lightning_speedups import LinearScalingWarmup, ProgressiveResizing
+
+    mix = MixUp(num_classes=np.int64(4), seed=np.int64(3))
+    assert mix.seed == 3 and type(mix.seed) is int
+    assert LinearScalingWarmup(np.int64(8)).reference_batch_size == 8
+    assert ProgressiveResizing(size_increment=np.int32(4)).size_increment == 4
+    with pytest.raises(TypeError, match="`seed` must be an int"):
+        MixUp(seed=True)

@@ -241,6 +241,39 @@ def test_targets_neither_indices_nor_probabilities():
     fit_expecting([MixUp()], "ignore_index", train=ignored)
 
 
+class Batches(torch.utils.data.Dataset):
+    """Prebuilt training batches, one per index (use with `batch_size=None`)."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __getitem__(self, i):
+        return self.batches[i]
+
+
+@pytest.mark.parametrize(
+    ("later", "match"),
+    [
+        (lambda x, y: (x, torch.randn(16, C) * 5), r"must lie in \[0, 1\]"),  # logits from the third batch on
+        (lambda x, y: (x[:12], y), r"do not share a batch dimension"),
+        (lambda x, y: (x, y[:, None]), r"shape \(16, 1\)"),
+    ],
+    ids=["logits", "sizes", "column"],
+)
+def test_a_later_batch_of_another_kind_gets_the_first_batch_checks(later, match):
+    x, y = image_tensors(48)
+    good = [(x[i : i + 16], y[i : i + 16]) for i in (0, 16)]
+    train = DataLoader(Batches([*good, later(x[32:], y[32:])]), batch_size=None)
+    for cb in (MixUp(), LabelSmoothing()) if match != "do not share a batch dimension" else (MixUp(), CutMix()):
+        model = RecordingModule()
+        with pytest.raises((ValueError, TypeError), match=match):
+            trainer(callbacks=[cb], max_epochs=1).fit(model, train)
+        assert len(model.train_batches) == 2  # the two good batches trained; the bad one stopped before its step
+
+
 def test_float_targets_whose_rows_do_not_sum_to_one_are_flagged():
     x, y = image_tensors(32)
     multi_hot = F.one_hot(y, C).float()

@@ -535,9 +535,9 @@ _REFERENCE_HINT = (
 
 
 def _check_reference(value: Any) -> int | str:
-    if value == "initial":
+    if isinstance(value, str) and value == "initial":
         return "initial"
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not _checks.is_integral(value):
         raise TypeError(f"`reference_batch_size` must be a positive int or 'initial', got {value!r}. {_REFERENCE_HINT}")
     return int(_checks.positive("reference_batch_size", value, hint=_REFERENCE_HINT))
 
@@ -583,7 +583,7 @@ def _parse_groups(groups: Any) -> frozenset[GroupRef]:
 
 
 def _is_index(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return _checks.is_integral(value) and value >= 0
 
 
 def _loader_batch_size(loader: Any) -> int:
