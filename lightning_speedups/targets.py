@@ -271,23 +271,22 @@ class TargetTransformCallback(SpeedupCallback):
                 )
 
     def transform_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
-        x, target = self._read(batch)
-        # The first batch is checked in full (values too: one device sync); every later one cheaply (no sync): a
-        # batch whose targets are of another kind (logits, another shape) or whose input and target sizes differ
-        # gets the first batch's checks and messages, not a torch error deep inside the technique.
-        kind = _kind(target)
-        if (
-            not self._checked_first_batch
-            or kind != self._target_kind
-            or (self.mixes_inputs and _batch_size(x) != _batch_size(target))
-        ):
+        original = batch
+        if not self._checked_first_batch:  # in full, values too: one device sync
             self._check_batch(batch)
-            self._checked_first_batch, self._target_kind = True, kind
+            self._checked_first_batch, self._target_kind = True, _kind(self._read(batch)[1])
         if self.hard_target_key is not None:
-            batch = self._keep_hard_target(batch)  # adds a key: the input and target read above stay as they are
+            batch = self._keep_hard_target(batch)
         if not self.draw_active(trainer):
             self._applied = 0.0
-            return batch
+            return batch  # passed through as it came: nothing to check
+        x, target = self._read(batch)
+        # Every batch the technique changes is checked cheaply (no sync): one whose targets are of another kind
+        # (logits, another shape) or whose input and target sizes differ gets the first batch's checks and
+        # messages, not a torch error deep inside the technique.
+        if _kind(target) != self._target_kind or (self.mixes_inputs and _batch_size(x) != _batch_size(target)):
+            self._check_batch(original)
+            self._target_kind = _kind(target)
         num_classes = self._classes or target.shape[1]
         try:
             new_x, new_target = self.apply(x, target, num_classes, trainer)
@@ -417,7 +416,7 @@ def _kind(target: Any) -> tuple[Any, ...]:
     """What kind of targets a batch holds, without reading their values: a change needs the first-batch checks."""
     if not isinstance(target, Tensor):
         return (type(target),)
-    return (target.dtype, target.ndim, target.shape[-1] if target.ndim == 2 else None, target.device)
+    return (target.dtype, target.ndim, target.shape[-1] if target.ndim == 2 else None)
 
 
 def _batch_size(value: Any) -> int | None:
