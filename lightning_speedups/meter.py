@@ -46,6 +46,9 @@ class Checkpoint:
 def cpu_seconds() -> float:
     """CPU seconds used so far by this process and its child processes (DataLoader workers), live or finished."""
     total = time.process_time()
+    # First the live children (this also reaps finished ones, moving their time into RUSAGE_CHILDREN), then the
+    # finished ones: a worker that exits in between is counted twice by a sliver, never dropped.
+    children = multiprocessing.active_children()
     try:
         import resource
 
@@ -57,7 +60,7 @@ def cpu_seconds() -> float:
         tick = os.sysconf("SC_CLK_TCK")
     except (ValueError, OSError, AttributeError):  # pragma: no cover
         return total
-    for child in multiprocessing.active_children():  # also reaps finished ones, moving them into RUSAGE_CHILDREN
+    for child in children:
         try:
             with open(f"/proc/{child.pid}/stat") as stat:
                 fields = stat.read().rsplit(")", 1)[1].split()

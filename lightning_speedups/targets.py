@@ -197,7 +197,7 @@ class TargetTransformCallback(SpeedupCallback):
         self.hard_target_key = hard_target_key
         self.check_loss = bool(check_loss)
         self._checked_first_batch = False
-        self._target_kind: tuple[Any, ...] | None = None
+        self._target_kinds: set[tuple[Any, ...]] = set()  # kinds of targets checked in full this fit
         self._applied = 0.0
 
     # ------------------------------------------------------------------ to implement
@@ -274,7 +274,7 @@ class TargetTransformCallback(SpeedupCallback):
         original = batch
         if not self._checked_first_batch:  # in full, values too: one device sync
             self._check_batch(batch)
-            self._checked_first_batch, self._target_kind = True, _kind(self._read(batch)[1])
+            self._checked_first_batch, self._target_kinds = True, {_kind(self._read(batch)[1])}
         if self.hard_target_key is not None:
             batch = self._keep_hard_target(batch)
         if not self.draw_active(trainer):
@@ -284,9 +284,11 @@ class TargetTransformCallback(SpeedupCallback):
         # Every batch the technique changes is checked cheaply (no sync): one whose targets are of another kind
         # (logits, another shape) or whose input and target sizes differ gets the first batch's checks and
         # messages, not a torch error deep inside the technique.
-        if _kind(target) != self._target_kind or (self.mixes_inputs and _batch_size(x) != _batch_size(target)):
+        # Kinds already checked pass (a MixUp before this callback alternates integer labels and probabilities).
+        kind = _kind(target)
+        if kind not in self._target_kinds or (self.mixes_inputs and _batch_size(x) != _batch_size(target)):
             self._check_batch(original)
-            self._target_kind = _kind(target)
+            self._target_kinds.add(kind)
         num_classes = self._classes or target.shape[1]
         try:
             new_x, new_target = self.apply(x, target, num_classes, trainer)

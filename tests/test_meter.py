@@ -1,6 +1,7 @@
 """TrainingMeter: FLOPs counted per batch shape against a hand computation; history at each validation."""
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,3 +111,26 @@ def test_a_skipped_batch_leaves_no_counter_on():
     trainer(callbacks=[meter], max_epochs=2).fit(SkipsFirst(), data(32), data(16))
     assert meter._counting is None and _get_current_dispatch_mode() is None
     assert meter.flops == 32 * 2 * 10 * 4 * 2  # epoch 1's two batches, counted once each
+
+
+def _burn_cpu(seconds):
+    start = time.process_time()
+    while time.process_time() - start < seconds:
+        pass
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads live workers from /proc")
+def test_cpu_seconds_counts_a_finished_worker_once():
+    import multiprocessing
+
+    from lightning_speedups.meter import cpu_seconds
+
+    child = multiprocessing.get_context("fork").Process(target=_burn_cpu, args=(0.3,))
+    before = cpu_seconds()
+    child.start()
+    stat = Path(f"/proc/{child.pid}/stat")
+    while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":  # not `is_alive()`: that would reap it
+        time.sleep(0.01)  # until it has exited, not yet waited for
+    first, second = cpu_seconds(), cpu_seconds()
+    assert first - before >= 0.25  # its CPU time is in the first reading already
+    assert abs(second - first) < 0.1

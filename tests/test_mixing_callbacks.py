@@ -274,6 +274,16 @@ def test_a_later_batch_of_another_kind_gets_the_first_batch_checks(later, match)
         assert len(model.train_batches) == 2  # the two good batches trained; the bad one stopped before its step
 
 
+def test_after_a_mixup_the_full_check_runs_once_per_kind_of_target(monkeypatch):
+    """MixUp(p=0.5) before CutMix hands it integer labels on some batches and probabilities on others."""
+    cutmix = CutMix()
+    full_checks = []
+    check = cutmix._check_batch
+    monkeypatch.setattr(cutmix, "_check_batch", lambda batch: (full_checks.append(1), check(batch)))
+    trainer(callbacks=[MixUp(p=0.5, seed=0), cutmix], max_epochs=4).fit(RecordingModule(record=False), loaders()[0])
+    assert len(full_checks) == 2  # the first batch, and the first batch of the other kind: not one per switch
+
+
 def test_float_targets_whose_rows_do_not_sum_to_one_are_flagged():
     x, y = image_tensors(32)
     multi_hot = F.one_hot(y, C).float()
