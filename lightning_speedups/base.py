@@ -135,14 +135,16 @@ def _clock(trainer: pl.Trainer) -> int:
 def _manual_progress(trainer: pl.Trainer) -> float:
     """Progress under manual optimization with several optimizers, where Lightning's global step counts every
     optimizer's steps: batches against the ``max_epochs`` bound, global steps against ``max_steps``."""
-    done = 0.0
     epochs_bound = run_length(trainer, with_max_steps=False)
-    if math.isfinite(epochs_bound) and epochs_bound > 0:
-        batches = trainer.fit_loop.epoch_loop.batch_progress.total.processed
-        done = batches / epochs_bound
-    if trainer.max_steps is not None and trainer.max_steps > 0:
-        done = max(done, trainer.global_step / trainer.max_steps)
-    return min(1.0, max(0.0, done))
+    done = _clock(trainer) / epochs_bound if math.isfinite(epochs_bound) and epochs_bound > 0 else 0.0
+    return min(1.0, max(0.0, done, _max_steps_share(trainer)))
+
+
+def _max_steps_share(trainer: pl.Trainer) -> float:
+    """The share of ``max_steps`` taken (0 without it): in Lightning's global steps, every optimizer's."""
+    if trainer.max_steps is None or trainer.max_steps <= 0:
+        return 0.0
+    return trainer.global_step / trainer.max_steps
 
 
 class SpeedupCallback(Callback):
@@ -203,8 +205,8 @@ class SpeedupCallback(Callback):
         total = self._total_steps
         training_progress(trainer, total)  # the error for an unbounded run
         done = 1.0 if total <= step0 else p0 + (1.0 - p0) * (_clock(trainer) - step0) / (total - step0)
-        if steps_per_batch(trainer) > 1 and trainer.max_steps is not None and trainer.max_steps > 0:
-            done = max(done, trainer.global_step / trainer.max_steps)  # the run may end at max_steps first
+        if steps_per_batch(trainer) > 1:
+            done = max(done, _max_steps_share(trainer))  # the run may end at max_steps first
         return min(1.0, max(p0, done))
 
     def _refresh_total_steps(self, trainer: pl.Trainer, *, reloaded: bool = False) -> None:

@@ -9,6 +9,7 @@ from lightning.pytorch.callbacks import GradientAccumulationScheduler, ModelChec
 
 from lightning_speedups import MixUp, SpeedupCallback, SpeedupWarning, training_progress
 from tests.helpers import MemoryLogger, RecordingModule, image_tensors, loaders, trainer
+from tests.test_warmup import BothEveryBatch  # two optimizers, each stepping at every batch
 
 
 class ProgressProbe(SpeedupCallback):
@@ -105,24 +106,6 @@ def test_progress_counts_each_epochs_accumulation_under_a_scheduler():
     assert [p for _, p in probe.seen] == pytest.approx([s / 7 for s, _ in probe.seen])
 
 
-class TwoOptimizersEveryBatch(RecordingModule):
-    """A GAN-like manual optimization: two optimizers, each stepping once per batch (two global steps)."""
-
-    def __init__(self) -> None:
-        super().__init__(record=False)
-        self.automatic_optimization = False
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        for opt in self.optimizers():
-            opt.zero_grad()
-            self.manual_backward(torch.nn.functional.cross_entropy(self(x), y))
-            opt.step()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.net.conv.parameters(), lr=0.1), torch.optim.SGD(self.net.fc.parameters(), lr=0.1)
-
-
 @pytest.mark.parametrize(
     "kwargs",
     [{"max_epochs": 2}, {"max_steps": 12, "max_epochs": -1}, {"max_epochs": 2, "reload_dataloaders_every_n_epochs": 1}],
@@ -130,7 +113,7 @@ class TwoOptimizersEveryBatch(RecordingModule):
 def test_progress_under_manual_optimization_with_two_optimizers(kwargs):
     probe = ProgressProbe()
     t = trainer(callbacks=[probe], **kwargs)
-    t.fit(TwoOptimizersEveryBatch(), loaders()[0])
+    t.fit(BothEveryBatch(), loaders()[0])
     batches = len(probe.seen)
     assert t.global_step == 2 * batches  # Lightning counts both optimizers' steps
     assert [p for _, p in probe.seen] == pytest.approx([b / batches for b in range(batches)])
