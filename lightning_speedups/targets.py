@@ -225,9 +225,13 @@ class TargetTransformCallback(SpeedupCallback):
         self._classes = self.num_classes if self.num_classes is not None else infer_num_classes(trainer, pl_module)
         if self.hard_target_key is not None and self.transforms_batches:
             self._check_hard_target_order(trainer)
+        self._checked_first_batch = False
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_fit_start(trainer, pl_module)
+        # Here rather than in setup: losses built in the module's `configure_model` exist by now.
         if self.check_loss:
             self.check_module(pl_module)
-        self._checked_first_batch = False
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)

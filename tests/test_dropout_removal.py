@@ -157,3 +157,50 @@ def test_modules_built_in_configure_model_are_found():
         warnings.simplefilter("error", SpeedupWarning)  # no "nothing to remove" warning
         trainer(callbacks=[DropoutRemoval()], max_steps=1).fit(model, loaders("list")[0])
     assert model.log_steps[0][1:] == (True, True)
+
+
+def test_dropout_added_in_the_modules_own_epoch_start_goes_in_that_epoch():
+    class GrowsAtEpochStart(DropoutModule):
+        def on_train_epoch_start(self) -> None:  # runs after the callbacks' on_train_epoch_start
+            if self.current_epoch == 1:
+                self.extra = nn.Dropout(0.3)
+
+    model = GrowsAtEpochStart()
+    trainer(callbacks=[DropoutRemoval()], max_epochs=2).fit(model, loaders("list")[0])
+    assert [inert for _, inert, _ in model.log_steps] == [True] * 8
+
+
+def test_a_swapped_out_block_gets_its_own_rates_back_and_its_replacement_keeps_its_own():
+    class Swaps(DropoutModule):
+        def on_train_epoch_end(self) -> None:
+            if self.current_epoch == 0:
+                self.old = (self.body.drop, self.body.encoder)
+                self.body.drop = nn.Dropout(0.0)  # another dropout under the same name
+                self.body.encoder = nn.Identity()  # a block without the swapped-out one's dropouts
+
+    model = Swaps()
+    drop, encoder = model.body.drop, model.body.encoder
+    trainer(callbacks=[DropoutRemoval()], max_epochs=2).fit(model, loaders("list")[0])  # no crash at teardown
+    assert model.old == (drop, encoder)
+    assert drop.p == 0.3 and encoder.dropout.p == encoder.self_attn.dropout == 0.1  # their own rates, back
+    assert model.body.drop.p == 0.0 and not hasattr(model.body.encoder, "p")  # the new modules: untouched
+
+
+def test_start_zero_works_on_a_run_of_unknown_length():
+    model = DropoutModule()
+    t = trainer(callbacks=[DropoutRemoval()], max_epochs=-1, max_time={"seconds": 600}, max_steps=-1)
+    model.training_step = _stop_after(model, steps=3)
+    t.fit(model, loaders("list")[0])
+    assert [(inert, det) for _, inert, det in model.log_steps] == [(True, True)] * 3
+
+
+def _stop_after(model: DropoutModule, steps: int):
+    step = model.training_step
+
+    def training_step(batch, batch_idx):
+        out = step(batch, batch_idx)
+        if len(model.log_steps) == steps:
+            model.trainer.should_stop = True
+        return out
+
+    return training_step

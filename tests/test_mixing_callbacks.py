@@ -558,3 +558,52 @@ def test_first_batch_check_of_a_0d_or_non_tensor_target():
         fit_expecting([cb], r"got a 0-d tensor \(one label\).*batch_size", train=unbatched)
     as_list = DataLoader(TensorDataset(x, y), batch_size=4, collate_fn=lambda s: [x, [int(t) for _, t in s]])
     fit_expecting([MixUp()], "needs a tensor target, got list", train=as_list)
+
+
+# ---------------------------------------------------------------------------------------------- losses built late
+class LateLoss(RecordingModule):
+    """Builds its loss in `configure_model`, which Lightning calls after the callbacks' `setup`."""
+
+    def __init__(self, loss: nn.Module) -> None:
+        super().__init__()
+        self._late = loss
+
+    def configure_model(self) -> None:
+        if self.criterion is None:
+            self.criterion = self._late
+
+
+def test_loss_mode_finds_a_loss_built_in_configure_model():
+    model = LateLoss(nn.CrossEntropyLoss())
+    seen = []
+    model._late.register_forward_pre_hook(lambda m, args: seen.append(m.label_smoothing))
+    trainer(callbacks=[LabelSmoothing(0.2, method="loss")], max_steps=2).fit(model, loaders()[0])
+    assert seen == [0.2, 0.2] and model.criterion.label_smoothing == 0.0
+
+
+@pytest.mark.parametrize(
+    ("callback", "loss", "message"),
+    [
+        (LabelSmoothing(), nn.CrossEntropyLoss(label_smoothing=0.1), "smoothed twice"),
+        (MixUp(), nn.NLLLoss(), "NLLLoss"),
+        (LabelSmoothing(method="loss"), nn.CrossEntropyLoss(label_smoothing=0.1), "not both"),
+    ],
+)
+def test_a_loss_built_in_configure_model_is_checked_at_fit_start(callback, loss, message):
+    fit_expecting([callback], message, model=LateLoss(loss))
+
+
+def test_loss_mode_warns_when_training_never_calls_the_loss_module():
+    model = RecordingModule()  # F.cross_entropy in training_step
+    model.val_criterion = nn.CrossEntropyLoss()  # a loss module, but not the one training uses
+    with pytest.warns(SpeedupWarning, match="called none of them, so training is not smoothed"):
+        trainer(callbacks=[LabelSmoothing(0.1, method="loss")], max_steps=3).fit(model, loaders()[0])
+    assert not model.val_criterion._forward_pre_hooks  # its watch hook is gone
+
+
+def test_loss_mode_does_not_warn_when_training_calls_the_loss():
+    model = CriterionProbe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)
+        trainer(callbacks=[LabelSmoothing(0.1, method="loss", start=0.5)], max_epochs=2).fit(model, loaders()[0])
+    assert model.train_eps == [0.0] * 4 + [0.1] * 4 and not model.criterion._forward_pre_hooks

@@ -64,6 +64,7 @@ class DropoutRemoval(SpeedupCallback):
         self.start = _checks.in_range("start", start, 0.0, 1.0, hint="It is a fraction of training progress.")
         self._removed: list[DropoutSite] = []
         self._done = False
+        self._rescan = False  # a new epoch began after the removal: look for dropouts added since
 
     @property
     def removed(self) -> int:
@@ -73,7 +74,7 @@ class DropoutRemoval(SpeedupCallback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         if stage == "fit":
-            self._removed, self._done = [], False
+            self._removed, self._done, self._rescan = [], False, False
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -96,23 +97,31 @@ class DropoutRemoval(SpeedupCallback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._done or self.progress(trainer) < self.start:
+        if self._done:
+            if self._rescan:
+                self._rescan = False
+                self._remove_added(pl_module)
             return
-        self._removed, self._done = disable_dropout(pl_module), True
+        # start=0 needs no progress: it works on runs of unknown length (max_time, an iterable dataset) too
+        if self.start > 0 and self.progress(trainer) < self.start:
+            return
+        self._removed, self._done, self._rescan = disable_dropout(pl_module), True, False
         if self._removed:
+            when = f" (progress {self.progress(trainer):.3f})" if self.start > 0 else ""
             rank_zero_info(
-                f"DropoutRemoval: switched off {len(self._removed)} dropout(s) at step {trainer.global_step} "
-                f"(progress {self.progress(trainer):.3f})."
+                f"DropoutRemoval: switched off {len(self._removed)} dropout(s) at step {trainer.global_step}{when}."
             )
             if self.log_knobs and trainer.loggers:
                 self.log_now(trainer)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_epoch_start(trainer, pl_module)
-        if not self._done:
-            return
-        # A model that grows during training (a new head, a swapped block): its new dropouts go too. Once per
-        # epoch, not per batch: a scan of every module costs more than a step of a small model.
+        # A model that grows during training (a new head, a swapped block): its new dropouts go too, at the
+        # epoch's first batch (after the module's own `on_train_epoch_start`, which may be where it grows). Once
+        # per epoch, not per batch: a scan of every module costs more than a step of a small model.
+        self._rescan = self._done
+
+    def _remove_added(self, pl_module: pl.LightningModule) -> None:
         added = disable_dropout(pl_module)
         if added:
             self._removed = [*self._removed, *added]
@@ -129,7 +138,7 @@ class DropoutRemoval(SpeedupCallback):
     def _give_back(self, pl_module: pl.LightningModule) -> None:
         if self._removed:
             restore_dropout(pl_module, self._removed)
-        self._removed, self._done = [], False
+        self._removed, self._done, self._rescan = [], False, False
 
     def knobs(self) -> dict[str, float]:
         return {"removed": float(self.removed)}

@@ -29,7 +29,10 @@ class LabelSmoothing(TargetTransformCallback):
     * ``method="loss"`` keeps integer labels and sets ``label_smoothing`` on the LightningModule's
       ``nn.CrossEntropyLoss`` (or ``smoothing``/``confidence`` on a timm-style loss) for each training step,
       restoring the original value after it, so validation losses stay unsmoothed. Use it when labels must
-      stay integers (``ignore_index``, metrics on hard labels); the loss must be a submodule attribute.
+      stay integers (``ignore_index``, metrics on hard labels). The loss must be a submodule (built in
+      ``__init__`` or ``configure_model``): a ``training_step`` that calls ``F.cross_entropy`` instead gets a
+      warning at the first smoothed step. Every such loss of the module is smoothed during training steps (a
+      validation-only one too, harmlessly), and one that already smooths is refused at fit start.
 
     When it helps: classification with many classes and long schedules; improves calibration (Müller et
     al., 2019); standard in fast recipes (FFCV and Composer at 0.1, airbench at 0.2). When it hurts: a
@@ -71,6 +74,8 @@ class LabelSmoothing(TargetTransformCallback):
         self._losses: list[nn.Module] = []
         self._saved: list[tuple[nn.Module, dict[str, float]]] = []
         self._current = 0.0
+        self._loss_calls: list[Any] | None = None  # hooks that watch the first smoothed step's loss calls
+        self._loss_seen = False
 
     # ------------------------------------------------------------------ method="target"
     @property
@@ -86,16 +91,17 @@ class LabelSmoothing(TargetTransformCallback):
         if self.method == "target":
             check_soft_target_losses(pl_module, "LabelSmoothing(method='target')", smoothing_in_targets=True)
 
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        if stage != "fit" or self.method != "loss":
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_fit_start(trainer, pl_module)
+        if self.method != "loss":
             return
+        # Here rather than in setup: losses built in the module's `configure_model` exist by now.
         self._losses = cross_entropy_modules(pl_module)
         if not self._losses:
             raise ValueError(
                 "LabelSmoothing(method='loss') found no `nn.CrossEntropyLoss` on the LightningModule. Store "
-                "the loss as an attribute (self.criterion = nn.CrossEntropyLoss()), or use method='target', "
-                "which works with F.cross_entropy."
+                "the loss as a submodule (self.criterion = nn.CrossEntropyLoss(), in `__init__` or "
+                "`configure_model`), or use method='target', which works with F.cross_entropy."
             )
         for loss in self._losses:
             already = getattr(loss, "label_smoothing", getattr(loss, "smoothing", 0.0)) or 0.0
@@ -104,6 +110,7 @@ class LabelSmoothing(TargetTransformCallback):
                     f"LabelSmoothing(method='loss'): the loss already has `label_smoothing={already}`; "
                     "remove the callback or the loss's own smoothing, not both."
                 )
+        self._loss_calls = None  # until the first smoothed step has shown whether training calls a loss
 
     # ------------------------------------------------------------------ method="loss"
     def on_train_batch_start(
@@ -115,6 +122,11 @@ class LabelSmoothing(TargetTransformCallback):
         self._restore()
         self._current = self.smoothing if self.draw_active(trainer) else 0.0
         self._applied = float(self._current > 0)
+        if self._applied and self._loss_calls is None:
+            # The first smoothed step: watch whether training_step calls any of the losses it smooths (one
+            # computed with F.cross_entropy instead would leave the run unsmoothed without a word).
+            self._loss_seen = False
+            self._loss_calls = [loss.register_forward_pre_hook(self._loss_called) for loss in self._losses]
         for loss in self._losses:
             if isinstance(loss, nn.CrossEntropyLoss):
                 self._saved.append((loss, {"label_smoothing": loss.label_smoothing}))
@@ -129,9 +141,32 @@ class LabelSmoothing(TargetTransformCallback):
                 setattr(loss, name, value)
         self._saved = []
 
+    def _loss_called(self, module: nn.Module, args: Any) -> None:
+        self._loss_seen = True
+
+    def _unwatch(self) -> bool:
+        """Remove the hooks of the first smoothed step; True if there were any."""
+        if not self._loss_calls:
+            return False
+        for handle in self._loss_calls:
+            handle.remove()
+        self._loss_calls = []  # checked (or the fit ended): never again this fit
+        return True
+
+    def _check_loss_called(self) -> None:
+        if self._unwatch() and not self._loss_seen:
+            names = ", ".join(type(loss).__name__ for loss in self._losses)
+            self.warn(
+                f"method='loss' set `label_smoothing` on the module's {names}, but the first smoothed training "
+                "step called none of them, so training is not smoothed (a loss computed with "
+                "`F.cross_entropy` in `training_step`?). Call the loss module in `training_step`, or use "
+                "method='target', which works with F.cross_entropy."
+            )
+
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        self._check_loss_called()
         self._restore()
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
@@ -144,10 +179,12 @@ class LabelSmoothing(TargetTransformCallback):
         super().on_validation_start(trainer, pl_module)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._unwatch()
         self._restore()
         super().on_exception(trainer, pl_module, exception)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._unwatch()
         self._restore()
         super().teardown(trainer, pl_module, stage)
 

@@ -7,6 +7,7 @@ and any reference to its modules stay as they were):
 * ``nn.Dropout``, ``nn.Dropout1d/2d/3d``, ``nn.AlphaDropout``, ``nn.FeatureAlphaDropout``: attribute ``p``;
 * ``torchvision.ops.StochasticDepth``, ``DropBlock2d`` and ``DropBlock3d``: attribute ``p``;
 * timm-style ``DropPath`` and ``DropBlock2d`` (any module with a float ``drop_prob``): ``drop_prob``;
+* timm's ``PatchDropout`` (a module whose class name contains ``Drop``, with a float ``prob``): ``prob``;
 * the attention dropout of ``nn.MultiheadAttention`` (hence of ``nn.Transformer*Layer``, whose other dropouts
   are ``nn.Dropout`` modules), the inter-layer dropout of ``nn.RNN/LSTM/GRU``, and any module with a float
   attribute named in :data:`FLOAT_ATTRIBUTES`: ``dropout``, ``attention_dropout``, ``dropout_p`` (attention
@@ -23,7 +24,7 @@ warn.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import nn
 from torch.nn.modules.dropout import _DropoutNd
@@ -44,12 +45,18 @@ FLOAT_ATTRIBUTES = (
 
 @dataclass(frozen=True)
 class DropoutSite:
-    """One dropout of a model: the module's qualified ``name``, its class, the attribute, its value."""
+    """One dropout of a model: the module's qualified ``name``, its class, the attribute, its value.
+
+    ``module`` is the module object itself when the site was found in a model: :func:`restore_dropout` gives
+    the value back to that object, wherever it is now (a block swapped out of the model, or another module
+    now under the same name, is not confused with it).
+    """
 
     name: str
     kind: str
     attribute: str
     value: float
+    module: nn.Module | None = field(default=None, compare=False, repr=False)
 
 
 def _is_probability(value: object) -> bool:
@@ -77,6 +84,13 @@ def _attribute(module: nn.Module, p_types: tuple[type, ...]) -> list[str]:
     found = []
     if isinstance(getattr(module, "drop_prob", None), float) and _settable(module, "drop_prob"):
         found.append("drop_prob")
+    if (
+        "drop" in type(module).__name__.lower()
+        and isinstance(getattr(module, "prob", None), float)
+        and _is_probability(module.prob)
+        and _settable(module, "prob")
+    ):
+        found.append("prob")  # timm's PatchDropout (a ViT's patch_drop_rate)
     for name in FLOAT_ATTRIBUTES:
         value = getattr(module, name, None)
         if isinstance(value, float) and _is_probability(value) and _settable(module, name):
@@ -97,7 +111,8 @@ def find_dropout(model: nn.Module) -> list[DropoutSite]:
     sites = []
     for name, module in model.named_modules():
         for attribute in _attribute(module, p_types):
-            sites.append(DropoutSite(name, type(module).__name__, attribute, float(getattr(module, attribute))))
+            value = float(getattr(module, attribute))
+            sites.append(DropoutSite(name, type(module).__name__, attribute, value, module))
     return sites
 
 
@@ -120,7 +135,7 @@ def disable_dropout(model: nn.Module) -> list[DropoutSite]:
     done: list[DropoutSite] = []
     try:
         for site in changed:
-            setattr(model.get_submodule(site.name), site.attribute, 0.0)
+            setattr(_site_module(model, site), site.attribute, 0.0)
             done.append(site)
     except Exception as err:  # all or nothing: never leave a model partly stripped
         restore_dropout(model, done)
@@ -132,15 +147,18 @@ def disable_dropout(model: nn.Module) -> list[DropoutSite]:
 
 
 def unhandled_dropout(model: nn.Module) -> list[str]:
-    """``"<module>.<attribute>=<value>"`` for each non-zero float attribute whose name contains ``drop`` that
-    :func:`find_dropout` does not cover: dropout that a ``forward`` may apply under a name we do not know."""
+    """``"<module>.<attribute>=<value>"`` for each non-zero float attribute that looks like a dropout rate (its
+    name contains ``drop``, or it is a ``p``/``prob``/``rate``-like name in a module whose class name contains
+    ``drop``) and that :func:`find_dropout` does not cover: dropout that a ``forward`` may apply under a name
+    we do not know."""
     p_types = _p_types()
     out = []
     for name, module in model.named_modules():
         handled = set(_attribute(module, p_types))
+        dropout_class = "drop" in type(module).__name__.lower()
         for attribute, value in vars(module).items():
             if (
-                "drop" in attribute.lower()
+                ("drop" in attribute.lower() or (dropout_class and _rate_name(attribute)))
                 and attribute not in handled
                 and isinstance(value, float)
                 and 0.0 < value <= 1.0
@@ -149,7 +167,28 @@ def unhandled_dropout(model: nn.Module) -> list[str]:
     return out
 
 
+def _rate_name(attribute: str) -> bool:
+    lowered = attribute.lower().lstrip("_")
+    return lowered == "p" or "prob" in lowered or "rate" in lowered
+
+
 def restore_dropout(model: nn.Module, sites: list[DropoutSite]) -> None:
-    """Give each site back the probability it had when :func:`disable_dropout` returned it."""
+    """Give each site back the probability it had when :func:`disable_dropout` returned it.
+
+    A site found in a model goes back to its own module object, even one no longer in ``model``; a site built
+    by hand (no ``module``) goes to the module under its ``name``, skipped if there is none of its class now.
+    """
     for site in sites:
-        setattr(model.get_submodule(site.name), site.attribute, site.value)
+        module = _site_module(model, site)
+        if module is not None:
+            setattr(module, site.attribute, site.value)
+
+
+def _site_module(model: nn.Module, site: DropoutSite) -> nn.Module | None:
+    if site.module is not None:
+        return site.module
+    try:
+        module = model.get_submodule(site.name)
+    except AttributeError:
+        return None
+    return module if type(module).__name__ == site.kind else None
