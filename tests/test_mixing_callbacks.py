@@ -566,17 +566,17 @@ class LateLoss(RecordingModule):
 
     def __init__(self, loss: nn.Module) -> None:
         super().__init__()
-        self._late = loss
+        self._late = [loss]  # in a list: not a submodule until configure_model
 
     def configure_model(self) -> None:
         if self.criterion is None:
-            self.criterion = self._late
+            self.criterion = self._late[0]
 
 
 def test_loss_mode_finds_a_loss_built_in_configure_model():
     model = LateLoss(nn.CrossEntropyLoss())
     seen = []
-    model._late.register_forward_pre_hook(lambda m, args: seen.append(m.label_smoothing))
+    model._late[0].register_forward_pre_hook(lambda m, args: seen.append(m.label_smoothing))
     trainer(callbacks=[LabelSmoothing(0.2, method="loss")], max_steps=2).fit(model, loaders()[0])
     assert seen == [0.2, 0.2] and model.criterion.label_smoothing == 0.0
 
