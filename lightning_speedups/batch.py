@@ -25,6 +25,9 @@ _INPUT_NAMES = ("input", "inputs", "x", "image", "images", "img", "pixel_values"
 _TARGET_NAMES = ("target", "targets", "y", "label", "labels", "class", "classes")
 
 
+_GETTER_SETTER = "`batch_getter`/`batch_setter` (`getter`/`setter` of `BatchFields`)"
+
+
 class BatchFieldError(ValueError):
     """The batch does not have the input or target the callback was told to use."""
 
@@ -38,12 +41,13 @@ class BatchFields:
 
     Args:
         input_key: index (list/tuple/namedtuple), key (dict) or attribute name (dataclass, namedtuple or
-            any object) of the input. ``None`` picks ``0`` for sequences and a conventional name
-            (``"input"``, ``"x"``, ``"image"``, ...) for dicts and objects.
+            any object) of the input. ``None`` picks ``0`` for lists and tuples, and a conventional name
+            (``"input"``, ``"x"``, ``"image"``, ...) for dicts, namedtuples (by field name) and objects.
         target_key: the same for the target; ``None`` picks ``1`` or a conventional name
-            (``"target"``, ``"y"``, ``"label"``, ...).
-        getter: for batches no key can describe, ``getter(batch) -> (input, target)``.
-        setter: with ``getter``, ``setter(batch, input, target) -> new batch``.
+            (``"target"``, ``"y"``, ``"label"``, ...). Input and target must resolve to different places.
+        getter: for batches no key can describe, ``getter(batch) -> (input, target)`` (a callback's
+            ``batch_getter``).
+        setter: with ``getter``, ``setter(batch, input, target) -> new batch`` (a callback's ``batch_setter``).
 
     Example::
 
@@ -68,7 +72,7 @@ class BatchFields:
                 "setter(batch, input, target) -> batch) or neither."
             )
         if getter is not None and (input_key is not None or target_key is not None):
-            raise ValueError("Pass either `input_key`/`target_key` or `getter`/`setter`, not both.")
+            raise ValueError(f"Pass either `input_key`/`target_key` or {_GETTER_SETTER}, not both.")
         for name, key in (("input_key", input_key), ("target_key", target_key)):
             if key is not None and not isinstance(key, int | str):
                 raise TypeError(f"`{name}` must be an int index or a str key, got {type(key).__name__}.")
@@ -99,7 +103,7 @@ class BatchFields:
         if not found:
             raise BatchFieldError(
                 f"Could not find the {which} in a batch of type {type(batch).__name__} with keys "
-                f"{sorted(map(str, available))}. Pass `{which}_key=` naming it (or `getter`/`setter` for "
+                f"{sorted(map(str, available))}. Pass `{which}_key=` naming it (or {_GETTER_SETTER} for "
                 "a custom batch)."
             )
         return found[0]
@@ -123,6 +127,20 @@ class BatchFields:
             return out
         return self.get_input(batch), self.get_target(batch)
 
+    def _check_distinct(self, batch: Any, target_key: Key) -> None:
+        # One key given, the other by default: both can land on the same place (input_key=1 on a list, whose
+        # default target is 1), and the target would silently be the input.
+        try:
+            input_key = self._resolve(batch, "input")
+        except BatchFieldError:
+            return  # no input found: nothing to collide with (a technique that reads only the target)
+        if _same_place(batch, input_key, target_key):
+            raise BatchFieldError(
+                f"The input and the target of this {type(batch).__name__} batch are both read from "
+                f"{input_key!r} (`input_key={self.input_key!r}`, `target_key={self.target_key!r}`; None takes the "
+                "default). Pass both `input_key=` and `target_key=`."
+            )
+
     def get_input(self, batch: Any) -> Any:
         if self.getter is not None:
             return self.get(batch)[0]
@@ -139,6 +157,7 @@ class BatchFields:
             if self.target_key is None:
                 return None
             raise
+        self._check_distinct(batch, key)
         return _read(batch, key, "target")
 
     def replace(self, batch: Any, *, input: Any = None, target: Any = None) -> Any:
@@ -150,8 +169,16 @@ class BatchFields:
         if input is not None:
             updates[self._resolve(batch, "input")] = input
         if target is not None:
-            updates[self._resolve(batch, "target")] = target
+            key = self._resolve(batch, "target")
+            self._check_distinct(batch, key)
+            updates[key] = target
         return _write(batch, updates) if updates else batch
+
+
+def _same_place(batch: Any, a: Key, b: Key) -> bool:
+    if isinstance(a, int) and isinstance(b, int) and isinstance(batch, list | tuple) and batch:
+        return a % len(batch) == b % len(batch)
+    return a == b
 
 
 def _available_keys(batch: Any) -> list[Any]:
@@ -210,7 +237,15 @@ def _write(batch: Any, updates: dict[Key, Any]) -> Any:
             return new_list
         return type(batch)(items)
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        return dataclasses.replace(batch, **updates)
+        # a shallow copy, not dataclasses.replace: that would reset `field(init=False)` values and drop
+        # attributes set after construction; object.__setattr__ also writes frozen dataclasses
+        try:
+            new_dc = copy.copy(batch)
+            for k, v in updates.items():
+                object.__setattr__(new_dc, k, v)
+        except (AttributeError, TypeError):
+            return dataclasses.replace(batch, **updates)
+        return new_dc
     try:
         new = copy.copy(batch)
         for k, v in updates.items():
@@ -218,6 +253,6 @@ def _write(batch: Any, updates: dict[Key, Any]) -> Any:
     except (AttributeError, TypeError) as err:
         raise BatchFieldError(
             f"Cannot replace {list(updates)} on a {type(batch).__name__} batch ({err}). Pass "
-            "`getter`/`setter` that build a new batch."
+            f"{_GETTER_SETTER} that build a new batch."
         ) from err
     return new

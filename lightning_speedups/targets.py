@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
 from lightning_speedups import _checks
@@ -63,8 +64,14 @@ def infer_num_classes(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int
 
 
 def _is_timm_smoothing_loss(m: nn.Module) -> bool:
-    # timm's LabelSmoothingCrossEntropy: integer targets only, smoothing in `smoothing` and `confidence`
-    return not isinstance(m, nn.CrossEntropyLoss) and hasattr(m, "smoothing") and hasattr(m, "confidence")
+    # timm's LabelSmoothingCrossEntropy: integer targets only, smoothing in `smoothing` and `confidence`, which sum
+    # to 1 (a LightningModule or a layer with attributes of those names is not one)
+    if isinstance(m, nn.CrossEntropyLoss | LightningModule):
+        return False
+    values = (getattr(m, "smoothing", None), getattr(m, "confidence", None))
+    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
+        return False
+    return abs(float(values[0]) + float(values[1]) - 1.0) < 1e-6
 
 
 def cross_entropy_modules(pl_module: nn.Module) -> list[nn.Module]:
@@ -222,14 +229,15 @@ class TargetTransformCallback(SpeedupCallback):
         super().setup(trainer, pl_module, stage)
         if stage != "fit":
             return
-        self._classes = self.num_classes if self.num_classes is not None else infer_num_classes(trainer, pl_module)
         if self.hard_target_key is not None and self.transforms_batches:
             self._check_hard_target_order(trainer)
         self._checked_first_batch = False
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_fit_start(trainer, pl_module)
-        # Here rather than in setup: losses built in the module's `configure_model` exist by now.
+        # Here rather than in setup: the module's own `setup` and `configure_model` (which run after the callbacks'
+        # `setup`) may be where its `num_classes` and its loss come from.
+        self._classes = self.num_classes if self.num_classes is not None else infer_num_classes(trainer, pl_module)
         if self.check_loss:
             self.check_module(pl_module)
 
@@ -328,20 +336,26 @@ class TargetTransformCallback(SpeedupCallback):
         """Check the first training batch (values included, which costs one device sync, once)."""
         who = type(self).__name__
         x, target = self._read(batch)
+        fix_target, fix_input = (
+            ("`batch_getter`", "`batch_getter`")
+            if self.fields.getter is not None
+            else ("`target_key=`", "`input_key=`")
+        )
+        fix_keys = fix_input if self.fields.getter is not None else "`input_key` and `target_key`"
         if target is None:
             raise ValueError(
-                f"{who} found no target in the training batch ({type(batch).__name__}). Pass `target_key=`."
+                f"{who} found no target in the training batch ({type(batch).__name__}). Check {fix_target}."
             )
         if not isinstance(target, Tensor):
-            raise TypeError(f"{who} needs a tensor target, got {type(target).__name__}. Fix `target_key=`.")
+            raise TypeError(f"{who} needs a tensor target, got {type(target).__name__}. Check {fix_target}.")
         if target.ndim == 0:
             raise ValueError(
-                f"{who} needs a batch of targets, got a 0-d tensor (one label). Check `target_key=`, and that the "
+                f"{who} needs a batch of targets, got a 0-d tensor (one label). Check {fix_target}, and that the "
                 "DataLoader batches its samples (`batch_size` is not None)."
             )
         if self.mixes_inputs:
             if not isinstance(x, Tensor):
-                raise TypeError(f"{who} needs a tensor input, got {type(x).__name__}. Fix `input_key=`.")
+                raise TypeError(f"{who} needs a tensor input, got {type(x).__name__}. Check {fix_input}.")
             if not x.is_floating_point():
                 raise TypeError(
                     f"{who} mixes inputs, which must be floating point; got dtype {x.dtype}. Convert them to "
@@ -350,16 +364,23 @@ class TargetTransformCallback(SpeedupCallback):
             if x.ndim == 0 or x.shape[0] != target.shape[0]:
                 raise ValueError(
                     f"{who}: input of shape {tuple(x.shape)} and target of shape {tuple(target.shape)} do not "
-                    "share a batch dimension; check `input_key` and `target_key`."
+                    f"share a batch dimension; check {fix_keys}."
                 )
         self._check_hard_target_key(batch, who)
         if target.is_floating_point():
             self._check_probabilities(target, who)
         elif target.dtype in (torch.bool,) or target.is_complex() or target.ndim != 1:
+            hint = "Dense or multi-label integer targets are not supported."
+            if target.ndim == 2 and target.shape[1] == 1 and not target.is_complex():
+                hint = "A column of labels (N, 1)? Give (N,) class indices: `y.squeeze(1)` in the dataset or collate."
+            elif target.ndim == 2 and not target.is_complex():
+                hint = (
+                    "One-hot rows (`F.one_hot`) must be floating point to count as class probabilities: `y.float()`; "
+                    "multi-label integer targets are not supported."
+                )
             raise ValueError(
                 f"{who} needs class indices (N,) of an integer dtype or class probabilities (N, C); got dtype "
-                f"{target.dtype}, shape {tuple(target.shape)}. Dense or multi-label integer targets are not "
-                "supported."
+                f"{target.dtype}, shape {tuple(target.shape)}. {hint}"
             )
         else:
             self._check_indices(target, who)
@@ -394,6 +415,12 @@ class TargetTransformCallback(SpeedupCallback):
             raise ValueError(
                 f"{who}: floating-point targets must be class probabilities of shape (N, C), got shape "
                 f"{tuple(target.shape)}. Regression or dense targets cannot be mixed or smoothed."
+            )
+        if target.shape[1] < 2:
+            raise ValueError(
+                f"{who}: floating-point targets of shape {tuple(target.shape)} hold one column (a binary label for "
+                "BCE?), not class probabilities over 2 or more classes. Give class indices (N,) with "
+                "`num_classes=2`, or two-column probabilities (N, 2), and a cross entropy over classes."
             )
         if self._classes is not None and target.shape[1] != self._classes:
             raise ValueError(f"{who}: targets have {target.shape[1]} classes but `num_classes` is {self._classes}.")

@@ -142,3 +142,35 @@ def test_key_of_names_where_input_and_target_are_read():
         BatchFields().key_of({"image": X}, "target")
     with pytest.raises(ValueError, match="getter"):
         BatchFields(getter=lambda b: b, setter=lambda b, x, y: b).key_of(batch, "input")
+
+
+@pytest.mark.parametrize(
+    ("fields", "batch"),
+    [
+        (BatchFields(input_key=1), [torch.tensor([0, 1]), torch.zeros(2, 3)]),  # default target index: 1 too
+        (BatchFields(input_key=-1), [torch.zeros(2, 3), torch.tensor([0, 1])]),  # -1 is index 1 here
+        (BatchFields(target_key="x"), {"x": torch.zeros(2, 3), "y": torch.tensor([0, 1])}),  # default input "x"
+    ],
+)
+def test_input_and_target_at_the_same_place_is_an_error_not_one_tensor_read_twice(fields, batch):
+    with pytest.raises(BatchFieldError, match=r"both read from .*Pass both `input_key=` and `target_key=`"):
+        fields.get(batch)
+    with pytest.raises(BatchFieldError, match="both read from"):
+        fields.replace(batch, input=torch.ones(2, 3), target=torch.ones(2, 2))
+
+
+def test_dataclass_batch_keeps_init_false_fields_and_later_attributes():
+    from dataclasses import field
+
+    @dataclass(frozen=True)
+    class Tagged:
+        x: torch.Tensor
+        y: torch.Tensor
+        ids: list = field(init=False, default_factory=list)
+
+    batch = Tagged(torch.zeros(2, 3), torch.tensor([0, 1]))
+    object.__setattr__(batch, "ids", [7, 8])
+    object.__setattr__(batch, "source", "shard-3")  # set after construction
+    new = BatchFields().replace(batch, input=torch.ones(2, 3))
+    assert type(new) is Tagged and new.ids == [7, 8] and new.source == "shard-3"
+    assert new.x.sum() == 6 and batch.x.sum() == 0 and new.y is batch.y  # the original untouched

@@ -607,3 +607,61 @@ def test_loss_mode_does_not_warn_when_training_calls_the_loss():
         warnings.simplefilter("error", SpeedupWarning)
         trainer(callbacks=[LabelSmoothing(0.1, method="loss", start=0.5)], max_epochs=2).fit(model, loaders()[0])
     assert model.train_eps == [0.0] * 4 + [0.1] * 4 and not model.criterion._forward_pre_hooks
+
+
+def test_num_classes_set_in_the_modules_own_setup_is_found():
+    class SetsClassesInSetup(RecordingModule):
+        def __init__(self):
+            super().__init__(num_classes=None)
+
+        def setup(self, stage):  # runs after the callbacks' setup
+            self.num_classes = C
+
+    model = SetsClassesInSetup()
+    trainer(callbacks=[MixUp(alpha=1.0)], max_steps=1).fit(model, loaders()[0])
+    assert model.train_batches[0][1].shape == (16, C)
+
+
+def test_attributes_named_smoothing_and_confidence_are_not_taken_for_a_timm_loss():
+    class Named(RecordingModule):
+        def __init__(self):
+            super().__init__()
+            self.smoothing, self.confidence = 0.9, 0.5  # the user's own settings, not a loss
+
+    model = Named()
+    trainer(callbacks=[MixUp()], max_steps=1).fit(model, loaders()[0])  # not refused as an index-only loss
+    assert model.train_batches[0][1].is_floating_point()
+    fit_expecting([LabelSmoothing(method="loss")], "found no `nn.CrossEntropyLoss`", model=Named())
+    assert (model.smoothing, model.confidence) == (0.9, 0.5)
+
+
+def test_one_column_float_targets_are_refused():
+    x, y = image_tensors(32)
+    train = DataLoader(TensorDataset(x, (y % 2).float().unsqueeze(1)), batch_size=16)
+    fit_expecting(
+        [LabelSmoothing()],
+        r"one column \(a binary label for BCE\?\)",
+        model=RecordingModule(num_classes=None),
+        train=train,
+    )
+
+
+@pytest.mark.parametrize(
+    ("make_target", "message"),
+    [(lambda y: y.unsqueeze(1), r"y\.squeeze\(1\)"), (lambda y: F.one_hot(y, C), r"y\.float\(\)")],
+    ids=["column", "one-hot-int"],
+)
+def test_integer_targets_of_two_dims_get_the_fix_in_the_message(make_target, message):
+    x, y = image_tensors(32)
+    train = DataLoader(TensorDataset(x, make_target(y)), batch_size=16)
+    fit_expecting([MixUp()], message, train=train)
+
+
+def test_messages_name_batch_getter_for_getter_users():
+    def getter(batch):
+        return batch[0], None
+
+    def setter(batch, x, y):
+        return [x, y]
+
+    fit_expecting([MixUp(batch_getter=getter, batch_setter=setter)], r"found no target.*Check `batch_getter`")
