@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import seed_everything
 from lightning.pytorch.callbacks import (
+    BackboneFinetuning,
     BatchSizeFinder,
     Callback,
     GradientAccumulationScheduler,
@@ -675,11 +676,51 @@ def test_a_trainer_with_no_optimizer_is_refused():
         fit(NoOptimizer(), [LinearScalingWarmup(8, warmup=1, warmup_unit="steps")], max_epochs=1)
 
 
-def test_excluded_groups_must_exist():
-    with pytest.raises(ValueError, match=r"names param group 3 in 3, but the optimizers have \[1\] param group"):
-        fit(WarmupModule(), [LinearScalingWarmup(8, exclude_groups=[3])], max_epochs=1)
+def test_excluded_optimizers_must_exist_and_groups_not_yet_there_get_a_warning():
     with pytest.raises(ValueError, match=r"names optimizer 1 in \(1, 0\), but there are 1 optimizer"):
         fit(WarmupModule(), [LinearScalingWarmup(8, exclude_groups=[(1, 0)])], max_epochs=1)
+    with pytest.warns(SpeedupWarning, match=r"names param group 3 in 3, but the optimizers have \[1\] param group"):
+        fit(WarmupModule(), [LinearScalingWarmup(8, exclude_groups=[3])], max_epochs=1)
+
+
+def test_a_group_that_backbone_finetuning_adds_later_can_be_kept_unscaled():
+    class Backbone(WarmupModule):
+        def __init__(self):
+            super().__init__("none")
+            self.backbone = self.net.conv  # what BackboneFinetuning freezes, then thaws into a new group
+
+        def configure_optimizers(self):
+            self.opt = RecordingSGD([p for p in self.net.fc.parameters()], lr=LR)
+            return self.opt
+
+    module = Backbone()
+    thaw = BackboneFinetuning(unfreeze_backbone_at_epoch=1, backbone_initial_ratio_lr=0.1)
+    with pytest.warns(SpeedupWarning, match="kept unscaled if it is added later"):
+        fit(module, [thaw, LinearScalingWarmup(8, warmup=0, exclude_groups=[(0, 1)])], max_epochs=2)
+    assert [len(lrs) for lrs in module.opt.used] == [1] * 4 + [2] * 4
+    assert [lrs[0] / LR for lrs in module.opt.used] == pytest.approx([2.0] * 8)  # the head: x2
+    assert [lrs[1] for lrs in module.opt.used[4:]] == pytest.approx([LR * 0.1] * 4)  # the thawed backbone: as set
+
+
+def test_a_fraction_warmup_never_goes_back_when_a_reloaded_loader_changes_the_runs_length():
+    class Reloads(WarmupModule):
+        def train_dataloader(self):  # 4 batches in epoch 0, 16 from epoch 1 on (the same batch size)
+            return DataLoader(
+                TensorDataset(*image_tensors(64 if self.trainer.current_epoch == 0 else 256)), batch_size=16
+            )
+
+    module = Reloads("none")
+    cb = LinearScalingWarmup(8, warmup=0.5, warmup_unit="fraction")
+    t = fit(module, [cb], max_epochs=3, reload_dataloaders_every_n_epochs=1)
+    factors = [lr / LR for lr in module.used]
+    assert len(factors) == 4 + 16 + 16  # 36 updates: the run's real length
+    assert cb.warmup_steps == 18  # half of them
+    assert all(b >= a for a, b in itertools.pairwise(factors))  # the ramp never goes back
+    # epoch 0 at its own plan (12 updates, W = 6), then the share done so far stands and the rest goes by 1/18
+    assert factors[:4] == pytest.approx([1 + u / 6 for u in range(4)])
+    done = 4 / 6
+    assert factors[4:6] == pytest.approx([1 + done, 1 + done + 1 / 18])
+    assert factors[-1] == 2.0 and t.global_step == 36
 
 
 class BatchesOfFour(torch.utils.data.Sampler):

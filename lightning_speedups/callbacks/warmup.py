@@ -200,7 +200,7 @@ class LinearScalingWarmup(SpeedupCallback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._trainer = trainer
-        self._check_optimizers(trainer)
+        self._check_optimizers(trainer, warn_missing_groups=True)
         count = len(trainer.optimizers)
         if self._updates is not None and len(self._updates) != count:
             self.warn(
@@ -380,11 +380,12 @@ class LinearScalingWarmup(SpeedupCallback):
     def _factor(self, i: int, plan: _Plan) -> tuple[float, float]:
         """The factor of optimizer ``i``'s next update, and the share of the warmup that update does."""
         assert self._updates is not None
-        if self.warmup_unit != "epochs":  # a warmup length that cannot change: count updates
+        if self.warmup_unit == "steps":  # a warmup length that cannot change: count updates
             return warmup_factor(self._updates[i], plan.warmup_steps, plan.scale, self.warmup_from), 0.0
         if plan.warmup_steps == 0:
             return plan.scale, 0.0
-        # Updates per epoch may have changed since the warmup began, so `updates / warmup_steps` would jump:
+        # Updates per epoch (hence the length of a warmup in epochs or as a fraction of the run) may have changed
+        # since the warmup began, so `updates / warmup_steps` would jump, backwards too:
         # the share done so far is the sum of each earlier update's share at its own updates per epoch.
         # `warmup_factor` at the fractional update `done x warmup_steps` of the current length gives the
         # same ramp as counting updates while the updates per epoch stay the same.
@@ -397,7 +398,7 @@ class LinearScalingWarmup(SpeedupCallback):
 
     def _share_done(self, i: int, plan: _Plan) -> float:
         assert self._updates is not None
-        if self.warmup_unit == "epochs" and self._done is not None and i < len(self._done):
+        if self.warmup_unit != "steps" and self._done is not None and i < len(self._done):
             return self._done[i]
         return self._share_from_updates(self._updates[i], plan)
 
@@ -470,7 +471,13 @@ class LinearScalingWarmup(SpeedupCallback):
                 )
             per_epoch = steps_per_epoch(int(num_batches), accumulate)
         elif self.warmup_unit == "fraction":
-            total = _total_steps(trainer)
+            # After a reload with another length: the updates taken so far, then the new length for the rest
+            # (the share of the warmup done so far stands; see `_factor`)
+            total = (
+                _total_steps(trainer, from_epoch=trainer.current_epoch, steps_before=_updates_so_far(trainer))
+                if self._plan is not None
+                else _total_steps(trainer)
+            )
             if total is None:
                 raise ValueError(
                     f"{type(self).__name__}(warmup_unit='fraction') needs a finite run: set `max_steps` or "
@@ -481,12 +488,16 @@ class LinearScalingWarmup(SpeedupCallback):
             if self.warmup
             else 0
         )
-        changed = self._plan is not None
+        changed = ""
+        if self._plan is not None:
+            inputs = ("batch size", "accumulation", "world size", "batches per epoch")
+            names = [n for n, old, new in zip(inputs, self._plan.key, key, strict=True) if old != new]
+            changed = f" ({', '.join(names)} changed)"
         self._plan = _Plan(key, global_batch, scale, steps)
         rank_zero_info(
             f"{type(self).__name__}: global batch {global_batch} = {batch_size} per device x {accumulate} "
             f"accumulated x {world_size} device(s); learning rate x {scale:.4g} ({self.rule} rule, reference "
-            f"{reference}), warmup {steps} update(s){' (batch size changed)' if changed else ''}."
+            f"{reference}), warmup {steps} update(s){changed}."
         )
         return self._plan
 
@@ -504,7 +515,7 @@ class LinearScalingWarmup(SpeedupCallback):
                 )
             )
 
-    def _check_optimizers(self, trainer: pl.Trainer) -> None:
+    def _check_optimizers(self, trainer: pl.Trainer, *, warn_missing_groups: bool = False) -> None:
         optimizers = [o for o in trainer.optimizers if type(o).__name__ != "_MockOptimizer"]
         if not optimizers:
             raise RuntimeError(
@@ -520,10 +531,14 @@ class LinearScalingWarmup(SpeedupCallback):
                     f"(indices 0..{len(optimizers) - 1})."
                 )
             sizes = [len(o.param_groups) for o in optimizers]
+            if not warn_missing_groups:
+                continue
             if (i is not None and j >= sizes[i]) or (i is None and j >= max(sizes)):
-                raise ValueError(
+                # not an error: a group may be added later (BackboneFinetuning adds the backbone's when it thaws)
+                self.warn(
                     f"`exclude_groups` names param group {j} in {ref!r}, but the optimizers have {sizes} param "
-                    "group(s) (0-based indices)."
+                    "group(s) so far (0-based indices); it is kept unscaled if it is added later (as "
+                    "BackboneFinetuning adds one), else check the index."
                 )
 
 
@@ -604,14 +619,15 @@ def _loader_batch_size(loader: Any) -> int:
     )
 
 
-def _total_steps(trainer: pl.Trainer) -> float | None:
+def _total_steps(trainer: pl.Trainer, *, from_epoch: int = 0, steps_before: int = 0) -> float | None:
     """Each optimizer's updates over the run. Under manual optimization with several optimizers Lightning's
-    steps count all of them, so each optimizer is taken to step once per batch."""
+    steps count all of them, so each optimizer is taken to step once per batch. ``from_epoch``/``steps_before``:
+    as for :func:`run_length` (a loader reloaded with another length)."""
     optimizers = steps_per_batch(trainer)
     if optimizers == 1:
-        total = run_length(trainer)
+        total = run_length(trainer, from_epoch=from_epoch, steps_before=steps_before)
     else:
-        total = run_length(trainer, with_max_steps=False)
+        total = run_length(trainer, from_epoch=from_epoch, steps_before=steps_before, with_max_steps=False)
         if trainer.max_steps is not None and trainer.max_steps >= 0:
             total = min(total, float(trainer.max_steps // optimizers))
     return total if math.isfinite(total) else None
