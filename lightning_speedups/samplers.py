@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 from torch.utils.data import Dataset, DistributedSampler
 
-from lightning_speedups.base import accumulation_schedule
+from lightning_speedups.base import accumulation_schedule, steps_per_batch
 from lightning_speedups.functional import sampling as fs
 
 if TYPE_CHECKING:
@@ -294,6 +294,11 @@ def step_clock(
     accumulate = schedule[0][1] if schedule else max(1, int(trainer.accumulate_grad_batches))
     clock = fs.StepClock(batch_size * num_replicas, batches, accumulate, accumulate_from=schedule)
     max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
+    per_batch = steps_per_batch(trainer)
+    if max_steps is not None and max_steps > 0 and per_batch > 1:
+        # manual optimization with several optimizers: Lightning's max_steps counts each optimizer's step, and
+        # the run stops once the batches' steps reach it; this clock counts batches
+        max_steps = -(-max_steps // per_batch)
     if max_epochs is None or max_epochs == -1:
         total = math.inf if max_steps == -1 else float(max_steps)
     else:

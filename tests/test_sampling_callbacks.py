@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import seed_everything
 from lightning.pytorch.callbacks import GradientAccumulationScheduler, ModelCheckpoint
+from torch import nn
 from torch.utils.data import DataLoader
 
 from lightning_speedups import (
@@ -130,6 +131,38 @@ def test_first_paced_steps_see_only_the_easiest_fraction():
     assert len({pools.get(s, 80) for s in range(10)}) > 2  # the pool grew inside epoch 0
     epoch1, epoch2 = epochs_of(model, 10)[1:]
     assert sorted(epoch1) == sorted(epoch2) == list(range(80)) and epoch1 != epoch2  # all data: uniform epochs
+
+
+class TwoOptimizerIndexModel(IndexModel):
+    """Manual optimization with two optimizers: Lightning counts two global steps per batch."""
+
+    def __init__(self, n: int = 80) -> None:
+        super().__init__(n)
+        self.automatic_optimization = False
+        self.other = nn.Linear(1, 4)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.seen.append(x[:, 0].long().tolist())
+        self.steps.append(self.global_step)
+        for opt, net in zip(self.optimizers(), (self.net, self.other), strict=True):
+            opt.zero_grad()
+            self.manual_backward(F.cross_entropy(net(x / self.n), y))
+            opt.step()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.net.parameters(), lr=0.1), torch.optim.SGD(self.other.parameters(), lr=0.1)
+
+
+def test_pacing_under_manual_optimization_with_several_optimizers_reaches_all_the_data_at_max_steps():
+    cur = CurriculumOrdering("linear", start_fraction=0.1, full_at=1.0)
+    model, t = fit([cur], model=TwoOptimizerIndexModel(), max_epochs=10, max_steps=20)  # 10 batches
+    assert len(model.seen) == 10 and t.global_step == 20
+    rank = ranks(np.argsort(np.random.default_rng(1).permutation(80).astype(float)))
+    pools = [math.ceil(80 * (0.1 + 0.9 * b / 10)) for b in range(10)]  # linear over the run's 10 batches
+    for b, indices in enumerate(model.seen):
+        assert rank[indices].max() < pools[b], b
+    assert cur.knobs()["fraction"] == pytest.approx(0.1 + 0.9 * 9 / 10)  # not 0.505: the pace took the whole run
 
 
 def test_anti_curriculum_and_multitask_order():
@@ -408,6 +441,7 @@ def test_changed_labels_warn_on_resume_and_only_then(tmp_path):
         (lambda: CurriculumOrdering(full_at=0), ValueError, "`full_at` must be > 0"),
         (lambda: CurriculumOrdering(growth=0.9), ValueError, "`growth` must be > 1"),
         (lambda: CurriculumOrdering(step_length=0), ValueError, "`step_length` must be >= 1"),
+        (lambda: CurriculumOrdering(step_length=2.0), TypeError, r"`step_length` must be an int >= 1, got 2\.0"),
         (lambda: CurriculumOrdering(difficulty="easy"), TypeError, "`difficulty` must be an array"),
         (lambda: CurriculumOrdering(task_order="abc"), TypeError, "`task_order` must be a sequence of task ids"),
         (lambda: CurriculumOrdering(task_order=[1, 0, 1]), ValueError, r"`task_order` must list each task once"),

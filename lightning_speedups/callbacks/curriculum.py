@@ -173,8 +173,8 @@ class CurriculumOrdering(SpeedupCallback):
         grow = _checks.real("growth", growth)
         if grow <= 1.0:
             raise ValueError(f"`growth` must be > 1, got {growth!r}: the pool grows by this factor each step_length.")
-        if step_length is None:
-            raise TypeError("`step_length` must be an int >= 1, got None.")
+        if step_length is None or not _checks.is_integral(step_length):
+            raise TypeError(f"`step_length` must be an int >= 1, got {step_length!r}.")
         step_length = _checks.optional_int("step_length", step_length, minimum=1)
         self.pacing = fs.Pacing(pacing, start, full, grow, int(step_length))
         for name, value in (("difficulty", difficulty), ("tasks", tasks)):

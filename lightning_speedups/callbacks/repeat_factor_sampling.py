@@ -48,8 +48,8 @@ class RepeatFactorSampling(SpeedupCallback):
     Args:
         threshold: ``t`` of the rule, > 0; LVIS uses 0.001. Larger values repeat more classes, more often.
         labels: class labels per training sample: an array or sequence (one class id per sample, a list of
-            ids per sample, or a multi-hot matrix ``(N, C)`` of booleans or 0/1; an ``(N, 1)`` integer array
-            is a column of class ids), or a callable taking the training dataset and returning them. ``None``
+            ids per sample, or a multi-hot ``(N, C)`` array or tensor of booleans or 0/1, not a Python list, whose
+            rows are read as lists of ids; an ``(N, 1)`` integer array is a column of class ids), or a callable taking the training dataset and returning them. ``None``
             reads the datamodule's ``sample_labels()``.
         sqrt: ``r(c) = max(1, sqrt(t / f(c)))`` (the LVIS rule); ``False`` uses ``max(1, t / f(c))``.
         log_top_k: how many of the largest class factors to log (``class_factor/<class id>``).
@@ -139,7 +139,9 @@ class RepeatFactorSampling(SpeedupCallback):
         self._class_ids, self._class_factors = table.class_ids, table.class_factors
         self.factors = factors = table.sample_factors
         self.epoch_length = fs.epoch_length(factors)
-        if self._class_factors.size == 0 or self._class_factors.max() <= 1.0:
+        if self._class_factors.size == 0:
+            self.warn("no sample has a label, so every repeat factor is 1 and this is a plain shuffle.")
+        elif self._class_factors.max() <= 1.0:
             self.warn(
                 f"no class is in fewer than {self.threshold:g} of the samples, so every repeat factor is 1 and "
                 "this is a plain shuffle. Raise `threshold` to oversample the rarer classes."
