@@ -49,8 +49,8 @@ class RepeatFactorSampling(SpeedupCallback):
         threshold: ``t`` of the rule, > 0; LVIS uses 0.001. Larger values repeat more classes, more often.
         labels: class labels per training sample: an array or sequence (one class id per sample, a list of
             ids per sample, or a multi-hot ``(N, C)`` array or tensor of booleans or 0/1, not a Python list, whose
-            rows are read as lists of ids; an ``(N, 1)`` integer array is a column of class ids), or a callable taking the training dataset and returning them. ``None``
-            reads the datamodule's ``sample_labels()``.
+            rows are read as lists of ids; an ``(N, 1)`` integer array is a column of class ids), or a callable
+            taking the training dataset and returning them. ``None`` reads the datamodule's ``sample_labels()``.
         sqrt: ``r(c) = max(1, sqrt(t / f(c)))`` (the LVIS rule); ``False`` uses ``max(1, t / f(c))``.
         log_top_k: how many of the largest class factors to log (``class_factor/<class id>``).
         seed: seed of the rounding and shuffling; ``None`` takes the datamodule's seed (``PL_GLOBAL_SEED``,
