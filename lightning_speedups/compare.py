@@ -253,8 +253,10 @@ def _recipe(cfg: CompareConfig) -> tuple[str, Callable[[], list[Callback]], dict
         recipe = presets.get(name, accelerator=cfg.accelerator, devices=cfg.devices)
     except presets.UnknownPresetError as err:
         raise CompareError(str(err)) from err
-    except (TypeError, ValueError) as err:  # a function preset whose factory refused (e.g. a missing argument)
+    except TypeError as err:  # a function preset whose factory refused (e.g. a missing argument)
         raise CompareError(f"preset {name!r} could not build its callbacks: {type(err).__name__}: {err}") from err
+    except ValueError as err:  # a bad argument, or a recipe these devices cannot run: its own message says which
+        raise CompareError(f"preset {name!r}: {err}") from err
     # The recommended accelerator, devices, precision and strategy are every arm's (one setting for all, so the
     # comparison is fair); a precision or strategy the preset itself fixes is part of the recipe, and stays.
     own = presets.lookup(name).trainer

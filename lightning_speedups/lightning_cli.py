@@ -2,7 +2,9 @@
 
 Callbacks by short name need no special CLI: importing ``lightning_speedups`` makes every callback known to
 LightningCLI (``--trainer.callbacks+=MixUp --trainer.callbacks.alpha=0.4``). ``SpeedupCLI`` adds a preset by
-name, appended to whatever callbacks the command line or config gives::
+name, appended to whatever callbacks the command line, a config or the script's ``trainer_defaults`` give; one of
+those of a class the preset has already replaces the preset's (logged on rank zero), which is also how to change
+a preset callback's arguments from the command line::
 
     # train.py
     from lightning_speedups.lightning_cli import SpeedupCLI
@@ -15,11 +17,14 @@ name, appended to whatever callbacks the command line or config gives::
     python train.py fit --preset vision-mild --trainer.max_epochs 30
 
 The preset also brings its recommended precision (``bf16-mixed`` on GPUs with native bf16) and strategy (DDP on
-several devices), and its own Trainer settings, as defaults: whatever the command line or a config gives wins
-(``--trainer.precision 32-true``, ``--trainer.accumulate_grad_batches 1``).
+several devices), and its own Trainer settings, as defaults: whatever the command line, a config or the script's
+``LightningCLI(trainer_defaults=...)`` gives wins (``--trainer.precision 32-true``,
+``--trainer.accumulate_grad_batches 1``).
 
-The shipped YAML configs (``lightning-speedups presets NAME --config``) do the same for a plain LightningCLI:
-``python train.py fit --config vision-mild.yaml``.
+The shipped YAML configs (``lightning-speedups presets NAME --config``) give a plain LightningCLI the preset's
+callbacks (and its own Trainer settings) only, not the precision and strategy recommended for the hardware:
+``python train.py fit --config vision-mild.yaml``. A later ``--config`` or ``--trainer.callbacks=[...]`` replaces
+the whole callback list; add your own with ``--trainer.callbacks+=``.
 """
 
 from __future__ import annotations
@@ -68,14 +73,24 @@ class SpeedupCLI(LightningCLI):
             return
         # The preset's Trainer settings, and its recommended precision and strategy for the accelerator and
         # devices asked for, become the parser's defaults, and the command line is read again: anything the
-        # command line or a config gives, the Trainer's default value included, then wins over the preset.
+        # command line or a config gives, the Trainer's default value included, then wins over the preset. The
+        # script's own `trainer_defaults` (already the parser's defaults) are kept: they win over the preset too.
         trainer_cfg = config.get("trainer") or {}
-        recipe = presets.get(
-            name, accelerator=str(trainer_cfg.get("accelerator", "auto")), devices=trainer_cfg.get("devices", 1)
-        )
-        defaults = {f"trainer.{k}": v for k, v in preset.trainer.items()}
-        defaults.setdefault("trainer.precision", recipe.trainer_kwargs["precision"])
-        defaults.setdefault("trainer.strategy", recipe.trainer_kwargs["strategy"])
+        accelerator, devices = str(trainer_cfg.get("accelerator", "auto")), trainer_cfg.get("devices", 1)
+        try:
+            recipe = presets.get(name, accelerator=accelerator, devices=devices)
+            presets._check_batch_size_finder(
+                name,
+                recipe.callbacks,
+                devices=devices,
+                accelerator=accelerator,
+                strategy=trainer_cfg.get("strategy", "auto"),
+            )
+        except ValueError as err:  # e.g. a BatchSizeFinder on several devices: a usage error, said before training
+            self._parser(subcommand).error(str(err))
+        settings = {"precision": recipe.trainer_kwargs["precision"], "strategy": recipe.trainer_kwargs["strategy"]}
+        settings.update(preset.trainer)
+        defaults = {f"trainer.{k}": v for k, v in settings.items() if k not in self.trainer_defaults}
         self._parser(subcommand).set_defaults(defaults)
         super().parse_arguments(parser, args)
 
@@ -98,7 +113,11 @@ class SpeedupCLI(LightningCLI):
             )
             existing = trainer_cfg.get("callbacks") or []
             existing = existing if isinstance(existing, list) else [existing]
-            kwargs["callbacks"] = [*existing, *recipe.callbacks]
+            # Lightning adds these after: the parser's callback arguments and the script's `trainer_defaults`
+            extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
+            default = self.trainer_defaults.get("callbacks") or []
+            users = [*existing, *extra, *(default if isinstance(default, list) else [default])]
+            kwargs["callbacks"] = [*existing, *presets._replace_by_users(name, recipe.callbacks, users)]
         return super().instantiate_trainer(**kwargs)
 
 

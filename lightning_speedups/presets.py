@@ -34,7 +34,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import BatchSizeFinder, Callback
+from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.utilities import rank_zero_info
 
 ENTRY_POINT_GROUP = "lightning_speedups.presets"
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -80,8 +82,10 @@ class Recipe:
     def trainer(self, **kwargs: Any) -> pl.Trainer:
         """A Trainer with this recipe; ``kwargs`` win over the recipe's settings, callbacks are appended.
 
-        Another ``accelerator`` or ``devices`` here also gets the precision and strategy :func:`get` recommends
-        for them (unless ``kwargs`` give those too, or the preset itself fixes them).
+        A callback of yours of a class the recipe has already replaces the recipe's (two would stack the technique,
+        or trip Lightning's unique ``state_key`` check). Another ``accelerator`` or ``devices`` here also gets the
+        precision and strategy :func:`get` recommends for them (unless ``kwargs`` give those too, or the preset
+        itself fixes them).
         """
         settings = {**self.trainer_kwargs, **kwargs}
         if "accelerator" in kwargs or "devices" in kwargs:
@@ -91,8 +95,34 @@ class Recipe:
                 settings["precision"] = recommended_precision(accelerator)
             if "strategy" not in kwargs and "strategy" not in fixed:
                 settings["strategy"] = recommended_strategy(devices, accelerator)
-        settings["callbacks"] = [*self.callbacks, *_as_callback_list(kwargs.get("callbacks"))]
+        _check_batch_size_finder(
+            self.name,
+            self.callbacks,
+            devices=settings.get("devices", 1),
+            accelerator=str(settings.get("accelerator", "auto")),
+            strategy=settings.get("strategy", "auto"),
+        )
+        users = _as_callback_list(kwargs.get("callbacks"))
+        settings["callbacks"] = [*_replace_by_users(self.name, self.callbacks, users), *users]
         return pl.Trainer(**settings)
+
+
+def _replace_by_users(name: str, preset_callbacks: Sequence[Callback], users: Sequence[Callback]) -> list[Callback]:
+    """The callbacks of preset ``name`` less those of a class that ``users`` (the user's callbacks) has too.
+
+    The user's explicit choice wins, as the command line does: two callbacks of a class would apply the technique
+    twice, or trip Lightning's "more than one stateful callback" check. Each replacement is logged on rank zero.
+    """
+    kept = []
+    for callback in preset_callbacks:
+        mine = next((u for u in users if isinstance(u, type(callback))), None)
+        if mine is None:
+            kept.append(callback)
+        elif mine is not callback:
+            rank_zero_info(
+                f"Preset {name!r}: your {type(mine).__name__} replaces the preset's {type(callback).__name__}."
+            )
+    return kept
 
 
 def _as_callback_list(callbacks: Callback | Sequence[Callback] | None) -> list[Callback]:
@@ -167,35 +197,42 @@ def register_preset(
 
 
 def _load_entry_points() -> None:
+    """Register the plug-ins' presets, once per process.
+
+    A broken plug-in must break neither the built-in presets nor the other plug-ins: every entry point is loaded
+    and the loading marked done before the problems are warned about, so that warnings turned into errors
+    (``-W error``) cannot stop the loop half-way and leave the good plug-ins out for the rest of the process.
+    """
     global _entry_points_loaded
     if _entry_points_loaded:
         return
-    _entry_points_loaded = True
+    problems: list[str] = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        # a broken plug-in must break neither the built-in presets nor the other plug-ins: each is warned about
         where = f"preset entry point {ep.name!r} ({ep.value})"
         try:
             obj = ep.load()
         except Exception as err:
-            warnings.warn(f"Could not load {where}: {err}", stacklevel=2)
+            problems.append(f"Could not load {where}: {err}")
             continue
         if isinstance(obj, types.ModuleType):
             continue  # a module whose import registered its presets (`@register_preset`, `register`)
         if not isinstance(obj, Preset):
-            warnings.warn(
+            problems.append(
                 f"Ignored {where}: it is a {type(obj).__name__}; name a `lightning_speedups.presets.Preset`, or a "
-                "module that registers its presets when imported.",
-                stacklevel=2,
+                "module that registers its presets when imported."
             )
             continue
         if isinstance(obj.name, str) and obj.name in _REGISTRY:
             if _REGISTRY[obj.name] is not obj:
-                warnings.warn(f"Ignored {where}: a preset named {obj.name!r} exists already.", stacklevel=2)
+                problems.append(f"Ignored {where}: a preset named {obj.name!r} exists already.")
             continue
         try:
             register(obj)
         except Exception as err:
-            warnings.warn(f"Could not register {where}: {err}", stacklevel=2)
+            problems.append(f"Could not register {where}: {err}")
+    _entry_points_loaded = True
+    for problem in problems:
+        warnings.warn(problem, stacklevel=2)
 
 
 def names() -> list[str]:
@@ -226,8 +263,7 @@ def describe(name: str) -> str:
         lines.append(f"callbacks: built by {preset.factory.__module__}.{preset.factory.__qualname__}")
     else:
         lines.append("callbacks: none")
-    if preset.trainer:
-        lines.append(f"trainer: {_format_args(preset.trainer)}")
+    lines.append(f"trainer: {_trainer_text(preset)}")
     if preset.requires:
         lines.append(f"requires: {preset.requires}")
     if preset.description and preset.description != preset.summary:
@@ -237,6 +273,31 @@ def describe(name: str) -> str:
 
 def _format_args(args: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in args.items())
+
+
+def _trainer_text(preset: Preset) -> str:
+    """The Trainer settings :func:`get` gives ``preset``, as rules: they depend on the machine and devices."""
+    parts = []
+    if "precision" not in preset.trainer:
+        parts.append("precision for the hardware (bf16-mixed or 16-mixed on CUDA, else 32-true)")
+    if "strategy" not in preset.trainer:
+        parts.append(
+            "one device only (BatchSizeFinder)" if _has_finder(preset) else "strategy='ddp' on several devices"
+        )
+    if preset.trainer:
+        parts.append(_format_args(preset.trainer))
+    return ", ".join(parts)
+
+
+def _has_finder(preset: Preset) -> bool:
+    """Whether declarative ``preset`` has a ``BatchSizeFinder`` (a function preset's are known only once built)."""
+    for cls_name, _ in preset.callbacks:
+        try:
+            if issubclass(resolve_callback_class(cls_name), BatchSizeFinder):
+                return True
+        except ValueError:  # an unknown class name: `get` reports it
+            continue
+    return False
 
 
 def recommended_precision(accelerator: str = "auto") -> str:
@@ -303,7 +364,41 @@ def get(name: str, *, accelerator: str = "auto", devices: int | str | Sequence[i
         "strategy": recommended_strategy(devices, accelerator),
         **preset.trainer,
     }
+    _check_batch_size_finder(
+        preset.name,
+        callbacks,
+        devices=trainer_kwargs["devices"],
+        accelerator=str(trainer_kwargs["accelerator"]),
+        strategy=trainer_kwargs["strategy"],
+    )
     return Recipe(name=preset.name, callbacks=list(callbacks), trainer_kwargs=trainer_kwargs)
+
+
+def _is_distributed(strategy: Any) -> bool:
+    """Whether a Trainer ``strategy`` (a name or a Strategy) runs several processes, as DDP, FSDP or DeepSpeed."""
+    if isinstance(strategy, str):
+        return strategy.lower().startswith(("ddp", "fsdp", "deepspeed", "xla"))
+    return isinstance(strategy, ParallelStrategy)
+
+
+def _check_batch_size_finder(
+    name: str, callbacks: Sequence[Callback], *, devices: Any, accelerator: str, strategy: Any
+) -> None:
+    """Refuse several devices, or a distributed strategy, for a recipe with a ``BatchSizeFinder``.
+
+    Lightning's BatchSizeFinder refuses distributed runs, and would say so only once every process has started.
+    """
+    if not any(isinstance(cb, BatchSizeFinder) for cb in callbacks):
+        return
+    if recommended_strategy(devices, accelerator) != "ddp" and not _is_distributed(strategy):
+        return
+    raise ValueError(
+        f"Preset {name!r} has a BatchSizeFinder, which runs on one device only (Lightning refuses it with "
+        f"distributed strategies), but the run asks for devices={devices!r}, strategy={strategy!r}. Find the batch "
+        "size on one device (devices=1); then set it on your datamodule for the multi-device run, with the finder "
+        "dropped and the learning rate scaled from the batch B you tuned it for: "
+        f"presets.get({name!r}, devices=2, BatchSizeFinder=None, LinearScalingWarmup={{'reference_batch_size': B}})."
+    )
 
 
 # ------------------------------------------------------------------------------------- declarative presets
@@ -412,14 +507,31 @@ def to_yaml(name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _as_python_scalar(value: Any) -> Any:
+    """A 0-d NumPy or torch value (``np.int64(3)``, ``torch.tensor(0.4)``) as the Python number it holds; anything
+    else unchanged."""
+    is_array = isinstance(value, torch.Tensor) or type(value).__module__ == "numpy"
+    return value.item() if is_array and getattr(value, "ndim", None) == 0 else value
+
+
+def _json_default(value: Any) -> Any:
+    """``json.dumps``'s fallback: 0-d NumPy and torch values inside lists and dicts, as Python numbers."""
+    scalar = _as_python_scalar(value)
+    if scalar is value:
+        raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+    return scalar
+
+
 def _yaml_value(value: Any, what: str) -> str:
-    """``value`` as YAML (JSON is YAML): sequences stay sequences, strings are quoted and escaped."""
+    """``value`` as YAML (JSON is YAML): sequences stay sequences, strings are quoted and escaped, 0-d NumPy and
+    torch values (which the callbacks accept) are written as the number they hold."""
+    value = _as_python_scalar(value)
     if isinstance(value, float) and not math.isfinite(value):
         return "null" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
     if isinstance(value, float):
-        return repr(value)
+        return repr(float(value))  # a float subclass (np.float64) has its own repr: np.float64(0.4)
     try:
-        return json.dumps(value)
+        return json.dumps(value, default=_json_default)
     except TypeError:
         raise TypeError(
             f"Cannot write {what} = {value!r} to YAML: give it as a number, string, bool, None, list or dict."
@@ -427,12 +539,25 @@ def _yaml_value(value: Any, what: str) -> str:
 
 
 def config_path(name: str) -> Path:
-    """Path of the YAML config the package ships for preset ``name``."""
-    lookup(name)
+    """Path of the YAML config the package ships for built-in preset ``name``.
+
+    Only a built-in preset still registered as shipped has one: for a preset registered over it
+    (``overwrite=True``) the file would describe another recipe. :func:`to_yaml` writes any declarative preset's.
+    """
+    preset = lookup(name)
     path = CONFIG_DIR / f"{name}.yaml"
-    if not path.exists():
-        raise FileNotFoundError(f"No shipped config for preset {name!r} (function presets have none).")
-    return path
+    if _BUILT_IN.get(name) is preset and path.exists():
+        return path
+    why = (
+        "it replaced the built-in one, whose shipped file is another recipe"
+        if name in _BUILT_IN
+        else "only the built-in presets ship one"
+    )
+    if preset.callbacks or preset.factory is _no_callbacks:
+        how = f"write its config with presets.to_yaml({name!r}) (or `lightning-speedups presets {name} --config`)"
+    else:
+        how = f"it is built by a function, which has no YAML form: use SpeedupCLI --preset {name} or presets.get()"
+    raise FileNotFoundError(f"No shipped config for preset {name!r} ({why}); {how}.")
 
 
 # ------------------------------------------------------------------------------------- built-in presets
@@ -530,8 +655,13 @@ register(
         "LinearScalingWarmup then multiplies the learning rate by found batch / the batch your script asked for, "
         "reached over the first 5% of updates (Goyal et al.: ResNet-50 at batch 8k matched batch 256). Helps: "
         "throughput on accelerators with memory to spare. Hurts: beyond the batch sizes where the linear rule "
-        "holds, and small datasets (few updates per epoch).",
+        "holds, and small datasets (few updates per epoch). Runs on one device: Lightning's BatchSizeFinder refuses "
+        "distributed strategies; find the batch here, then give it to a multi-device run with LinearScalingWarmup.",
         [("BatchSizeFinder", {"mode": "power", "steps_per_trial": 3}), _WARMUP],
-        requires="A `batch_size` attribute on the LightningModule or the DataModule (SpeedupDataModule has one).",
+        requires="A `batch_size` attribute on the LightningModule or the DataModule (SpeedupDataModule has one); "
+        "one device (Lightning's BatchSizeFinder refuses distributed runs).",
     )
 )
+
+# config_path: a shipped YAML describes these objects; a preset registered over one of them has none
+_BUILT_IN: dict[str, Preset] = dict(_REGISTRY)

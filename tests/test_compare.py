@@ -245,6 +245,14 @@ def test_a_preset_that_cannot_build_its_callbacks_gives_a_message(capsys, tmp_pa
     )
 
 
+def test_a_batch_size_finder_preset_on_several_devices_stops_before_training(capsys, tmp_path):
+    args = ["compare", "--preset", "large-batch", "--devices", "2", *TINY, "--no-progress", "--output", str(tmp_path)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: preset 'large-batch': Preset 'large-batch' has a BatchSizeFinder, which runs on one")
+    assert "Traceback" not in err and not list(tmp_path.iterdir())  # nothing trained, nothing written
+
+
 def test_a_presets_own_precision_is_part_of_its_arm(tmp_path, monkeypatch):
     from lightning_speedups.compare import CompareConfig, _recipe
 

@@ -28,8 +28,10 @@ def _no_pytest_argv(monkeypatch):
     monkeypatch.setattr("sys.argv", ["train.py"])  # LightningCLI warns when sys.argv and args both have options
 
 
-def cli(args: list[str], cls=LightningCLI):
-    return cls(ImageClassifier, DigitsDataModule, run=False, args=[*TRAINER, *args], save_config_callback=None)
+def cli(args: list[str], cls=LightningCLI, **kwargs):
+    return cls(
+        ImageClassifier, DigitsDataModule, run=False, args=[*TRAINER, *args], save_config_callback=None, **kwargs
+    )
 
 
 @pytest.mark.parametrize(
@@ -120,3 +122,46 @@ def test_print_config_carries_the_presets_settings(monkeypatch, capsys, tmp_path
     with pytest.raises(SystemExit):
         cli([f"--preset={name}", "--trainer.accumulate_grad_batches=2", "--print_config"], cls=SpeedupCLI)
     assert yaml.safe_load(capsys.readouterr().out)["trainer"]["accumulate_grad_batches"] == 2
+
+
+def test_the_scripts_trainer_defaults_win_over_the_presets_settings(monkeypatch):
+    # `LightningCLI(trainer_defaults=...)` is the script author's choice: like the command line, it wins
+    monkeypatch.setattr(presets, "_REGISTRY", dict(presets._REGISTRY))
+    presets.register(
+        presets.declarative(
+            "test-accumulate-4", "s", "d", [("LabelSmoothing", {})], trainer={"accumulate_grad_batches": 4}
+        )
+    )
+    chosen = {"precision": "bf16-mixed", "accumulate_grad_batches": 3}
+    c = cli(["--preset=test-accumulate-4"], cls=SpeedupCLI, trainer_defaults=chosen)
+    assert c.trainer.precision == "bf16-mixed" and c.trainer.accumulate_grad_batches == 3
+    c = cli(["--preset=test-accumulate-4", "--trainer.precision=32-true"], cls=SpeedupCLI, trainer_defaults=chosen)
+    assert c.trainer.precision == "32-true"  # the command line still wins over both
+
+
+def test_a_users_callback_of_a_presets_class_replaces_the_presets_in_the_cli(monkeypatch):
+    # Lightning refused the pair ("Found more than one stateful callback of type `MixUp`"), and a different `p`
+    # would have mixed twice: the user's explicit callback wins, as on the command line
+    infos: list[str] = []
+    monkeypatch.setattr(presets, "rank_zero_info", lambda message, *a, **k: infos.append(message), raising=False)
+    c = cli(
+        ["--preset=vision-medium", "--trainer.callbacks+=MixUp", "--trainer.callbacks.alpha=0.4"],
+        cls=SpeedupCLI,
+        trainer_defaults={"callbacks": [LabelSmoothing(0.05)]},
+    )
+    ours = [cb for cb in c.trainer.callbacks if type(cb).__module__.startswith("lightning_speedups")]
+    assert [type(cb) for cb in ours] == [MixUp, ProgressiveResizing, LinearScalingWarmup, LabelSmoothing]
+    assert ours[0].alpha == 0.4 and ours[-1].smoothing == 0.05
+    assert infos == [
+        "Preset 'vision-medium': your LabelSmoothing replaces the preset's LabelSmoothing.",
+        "Preset 'vision-medium': your MixUp replaces the preset's MixUp.",
+    ]
+
+
+def test_a_batch_size_finder_preset_on_several_devices_is_a_parser_error(capsys):
+    with pytest.raises(SystemExit):
+        cli(["--preset=large-batch", "--trainer.devices=2"], cls=SpeedupCLI)
+    assert "Preset 'large-batch' has a BatchSizeFinder, which runs on one device only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli(["--preset=large-batch", "--trainer.strategy=ddp"], cls=SpeedupCLI)
+    assert "strategy='ddp'" in capsys.readouterr().err

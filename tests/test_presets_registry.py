@@ -2,11 +2,13 @@
 
 import sys
 import textwrap
+import warnings
 
+import numpy as np
 import pytest
 import torch
 
-from lightning_speedups import LabelSmoothing, MixUp, presets
+from lightning_speedups import LabelSmoothing, MixUp, cli, presets
 from lightning_speedups.presets import Preset, UnknownPresetError, declarative, register_preset
 
 
@@ -232,3 +234,130 @@ def test_recipe_trainer_takes_callbacks_as_pl_trainer_does(callbacks):
     ours = [type(cb).__name__ for cb in trainer.callbacks if type(cb).__module__.startswith("lightning_speedups")]
     expected = ["ProgressiveResizing", "LabelSmoothing", "LinearScalingWarmup"]
     assert ours == expected + ([] if callbacks is None else ["MixUp"])
+
+
+@pytest.fixture
+def infos(monkeypatch):
+    """The rank-zero info lines the presets log."""
+    lines: list[str] = []
+    monkeypatch.setattr(presets, "rank_zero_info", lambda message, *a, **k: lines.append(message), raising=False)
+    return lines
+
+
+def test_a_users_callback_of_a_presets_class_replaces_the_presets(infos):
+    # two MixUps would mix every batch twice (different p), or trip Lightning's unique state_key check
+    recipe = presets.get("vision-medium", accelerator="cpu")
+    mine = MixUp(alpha=0.4, p=0.9)
+    trainer = recipe.trainer(callbacks=[mine], logger=False, enable_checkpointing=False)
+    ours = [cb for cb in trainer.callbacks if type(cb).__module__.startswith("lightning_speedups")]
+    assert [type(cb).__name__ for cb in ours] == [
+        "ProgressiveResizing",
+        "LabelSmoothing",
+        "LinearScalingWarmup",
+        "MixUp",
+    ]
+    assert [cb for cb in ours if isinstance(cb, MixUp)] == [mine]
+    assert infos == ["Preset 'vision-medium': your MixUp replaces the preset's MixUp."]
+    # same arguments as the preset's: Lightning refused the pair ("more than one stateful callback")
+    trainer = recipe.trainer(callbacks=LabelSmoothing(0.1), logger=False, enable_checkpointing=False)
+    assert len([cb for cb in trainer.callbacks if isinstance(cb, LabelSmoothing)]) == 1
+
+
+def test_several_devices_with_a_batch_size_finder_is_refused_up_front():
+    # Lightning's BatchSizeFinder refuses distributed runs, which `get` recommended DDP for
+    with pytest.raises(ValueError, match=r"Preset 'large-batch' has a BatchSizeFinder, which runs on one device only"):
+        presets.get("large-batch", accelerator="cpu", devices=2)
+    with pytest.raises(ValueError, match=r"BatchSizeFinder=None, LinearScalingWarmup=\{'reference_batch_size': B\}"):
+        presets.get("large-batch", accelerator="cpu", devices=[0, 1])
+    recipe = presets.get("large-batch", accelerator="cpu")
+    with pytest.raises(ValueError, match="one device only"):
+        recipe.trainer(devices=2, logger=False)
+    with pytest.raises(ValueError, match="one device only"):
+        recipe.trainer(strategy="ddp_spawn", logger=False)
+    # the way the message gives: no finder, the learning rate scaled from the batch it was tuned for
+    multi = presets.get(
+        "large-batch",
+        accelerator="cpu",
+        devices=2,
+        BatchSizeFinder=None,
+        LinearScalingWarmup={"reference_batch_size": 32},
+    )
+    assert multi.trainer_kwargs["strategy"] == "ddp" and multi.callbacks[0].reference_batch_size == 32
+    text = presets.describe("large-batch")
+    assert (
+        "one device only (BatchSizeFinder)" in text
+        and "requires: " in text
+        and "one device" in text.split("requires: ")[1]
+    )
+
+
+def test_describe_gives_the_trainer_settings_get_adds(registry):
+    assert (
+        "trainer: precision for the hardware (bf16-mixed or 16-mixed on CUDA, else 32-true), strategy='ddp' on several "
+        "devices" in presets.describe("vision-mild")
+    )
+    presets.register(declarative("fixed", "s", "d", [("LabelSmoothing", {})], trainer={"precision": "bf16-mixed"}))
+    assert "trainer: strategy='ddp' on several devices, precision='bf16-mixed'" in presets.describe("fixed")
+
+
+def test_a_broken_plugin_under_warnings_as_errors_keeps_the_good_plugins(registry, tmp_path, monkeypatch):
+    # `-W error` turned the first warning into an exception in the middle of the loop: the good plug-in after it
+    # stayed out of the registry for the rest of the process
+    (tmp_path / "good_presets.py").write_text(
+        "from lightning_speedups.presets import declarative\n"
+        "GOOD = declarative('acme-good', 'Fine.', 'd', [('LabelSmoothing', {'smoothing': 0.2})])\n"
+    )
+    dist = tmp_path / "good_presets-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: good-presets\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[lightning_speedups.presets]\na_broken = no_such_module_xyz:X\nb_good = good_presets:GOOD\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    presets._entry_points_loaded = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="Could not load preset entry point 'a_broken'"):
+            presets.names()
+        assert "acme-good" in presets.names()
+    sys.modules.pop("good_presets", None)
+
+
+def test_config_path_is_the_shipped_file_only_for_the_built_in_preset_itself(registry):
+    assert presets.config_path("vision-mild").name == "vision-mild.yaml"
+
+    @register_preset("vision-mild", overwrite=True)
+    def mine():
+        """Only label smoothing."""
+        return [LabelSmoothing(0.05)]
+
+    # the shipped file describes the built-in recipe, not this one
+    with pytest.raises(FileNotFoundError, match=r"'vision-mild' \(it replaced the built-in one.*built by a function"):
+        presets.config_path("vision-mild")
+    presets.register(declarative("vision-medium", "s", "d", [("LabelSmoothing", {})]), overwrite=True)
+    with pytest.raises(FileNotFoundError, match=r"presets\.to_yaml\('vision-medium'\)"):
+        presets.config_path("vision-medium")
+    presets.register(declarative("acme-decl", "Acme.", "d", [("LabelSmoothing", {"smoothing": 0.2})]))
+    with pytest.raises(FileNotFoundError, match=r"only the built-in presets ship one\); write its config with "):
+        presets.config_path("acme-decl")
+
+
+def test_yaml_export_writes_numpy_and_torch_scalars_and_the_cli_explains_what_it_cannot(registry, capsys):
+    presets.register(
+        declarative(
+            "scalars",
+            "s",
+            "d",
+            [("MixUp", {"alpha": np.float64(0.4), "seed": np.int64(3)}), ("LinearScalingWarmup", {"warmup": 0.05})],
+            trainer={"gradient_clip_val": torch.tensor(1.5), "accumulate_grad_batches": np.array(2)},
+        )
+    )
+    presets.register(declarative("nested", "s", "d", [("LinearScalingWarmup", {"exclude_groups": [np.int64(1)]})]))
+    text = presets.to_yaml("scalars")
+    assert "  gradient_clip_val: 1.5\n  accumulate_grad_batches: 2\n" in text
+    assert "        alpha: 0.4\n        seed: 3\n" in text
+    assert "exclude_groups: [1]" in presets.to_yaml("nested")
+    presets.register(declarative("yaml-bad", "s", "d", [("MixUp", {"alpha": object()})]))
+    assert cli.main(["presets", "yaml-bad", "--config"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: Cannot write MixUp(alpha=...)") and "give it as a number" in err
