@@ -111,10 +111,17 @@ class ResumableDataLoader(DataLoader):
             return {}
         batches = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
         return {
-            "epoch": int(getattr(self.sampler, "epoch", 0)),
+            "epoch": self._epoch_in_progress(trainer),
             "batches": batches,
             "epoch_done": int(batches >= trainer.num_training_batches),
         }
+
+    def _epoch_in_progress(self, trainer: pl.Trainer) -> int:
+        """The epoch of the pass the trainer is in: the sampler's ``epoch`` where it has one (what ``set_epoch``
+        gave it), else the trainer's current epoch, which is that epoch while training runs. A sampler may follow
+        ``set_epoch`` without exposing ``epoch``: recording 0 for it would replay epoch 0's order on resume."""
+        epoch = getattr(self.sampler, "epoch", None)
+        return int(trainer.current_epoch if epoch is None else epoch)
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         # Called before Lightning creates the first iterator of the resumed run, and before it calls

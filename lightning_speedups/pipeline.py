@@ -116,28 +116,35 @@ class ResolutionDataset(Dataset):
 class ResolutionSampler(DistributedSampler):
     """Wraps a training sampler; yields ``PlannedIndex(index, plan)`` with one plan per batch.
 
-    Epoch handling (``epoch``, ``set_epoch``), length and ``skip_next`` (mid-epoch resume) are those of the
-    wrapped sampler. It is a ``DistributedSampler`` so that Lightning neither wraps nor replaces it under DDP;
-    the wrapped sampler must shard over ranks itself (``SpeedupDataModule``'s samplers do).
+    Length and ``skip_next`` (mid-epoch resume) are those of the wrapped sampler; ``set_epoch`` is passed on to
+    it. The epoch that numbers the plans is the wrapped sampler's ``epoch`` where it has one, else this
+    sampler's own (from ``epoch`` and ``set_epoch``): a sampler may follow ``set_epoch`` without exposing
+    it, and the sizes must still follow the epochs. It is a ``DistributedSampler`` so that Lightning neither
+    wraps nor replaces it under DDP; the wrapped sampler must shard over ranks itself (``SpeedupDataModule``'s
+    samplers do).
 
     Args:
         sampler: the sampler of sample indices.
         batch_size: samples per batch, as the DataLoader groups them.
         plan_for_batch: ``plan_for_batch(epoch, batch_in_epoch) -> ResizePlan``.
+        epoch: the epoch of the first pass, until ``set_epoch`` (what the wrapped sampler was built for).
     """
 
-    def __init__(self, sampler: Sampler, batch_size: int, plan_for_batch: PlanForBatch) -> None:
+    def __init__(self, sampler: Sampler, batch_size: int, plan_for_batch: PlanForBatch, epoch: int = 0) -> None:
         # DistributedSampler.__init__ is not called on purpose: every attribute is the wrapped sampler's.
         self.sampler = sampler
         self.batch_size = int(batch_size)
         self.plan_for_batch = plan_for_batch
+        self._epoch = int(epoch)
         self._skip = 0
 
     @property
     def epoch(self) -> int:  # type: ignore[override]
-        return int(getattr(self.sampler, "epoch", 0))
+        inner = getattr(self.sampler, "epoch", None)
+        return self._epoch if inner is None else int(inner)
 
     def set_epoch(self, epoch: int) -> None:
+        self._epoch = int(epoch)
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
 
@@ -189,7 +196,9 @@ class ScheduledResize:
     """A transform that brings each training sample to the size the schedule decided for its batch.
 
     Put it in the *training* dataset's transform and use ``ProgressiveResizing(mode="pipeline")`` with a
-    ``SpeedupDataModule``. Outside training batches (validation, your own indexing) it produces the full size.
+    ``SpeedupDataModule``. Outside training batches (validation, your own indexing) it produces the full size,
+    but otherwise transforms as it does in training: with a random ``factory`` (e.g. ``RandomResizedCrop``),
+    give the validation dataset its own deterministic transform (e.g. ``Resize`` and ``CenterCrop``).
     Works on PIL images and on ``(..., H, W)`` tensors.
 
     Args:

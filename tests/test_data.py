@@ -6,8 +6,8 @@ import operator
 import numpy as np
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback
-from torch.utils.data import ConcatDataset, DistributedSampler, TensorDataset
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from torch.utils.data import ConcatDataset, DistributedSampler, Sampler, TensorDataset
 
 from lightning_speedups import SpeedupDataModule
 from lightning_speedups.data import EpochShuffleSampler, ResumableDataLoader, default_num_workers
@@ -136,6 +136,49 @@ def test_sampler_providers_plug_in():
     )  # the provider's (unshuffled) order was used
     with pytest.raises(ValueError, match="Several callbacks supply the training sampler"):
         trainer(max_epochs=1, callbacks=[Provider(), Provider()]).fit(IndexModule(), datamodule=IndexedDM())
+
+
+class PrivateEpochShuffle(Sampler):
+    """A per-epoch seeded shuffle that follows `set_epoch` and offers `skip_next`, but keeps its epoch private."""
+
+    def __init__(self, n, seed, epoch):
+        self.n, self.seed, self._epoch, self._skip = n, seed, epoch, 0
+
+    def set_epoch(self, epoch):
+        self._epoch = epoch
+
+    def skip_next(self, n):
+        self._skip = n
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        skip, self._skip = self._skip, 0
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self._epoch)).tolist()
+        return iter(order[skip:])
+
+
+class PrivateEpochProvider(Callback):
+    def make_train_sampler(self, datamodule, dataset, *, epoch, num_replicas, rank, seed):
+        return PrivateEpochShuffle(len(dataset), seed, epoch)
+
+
+def test_resume_mid_epoch_with_a_sampler_without_an_epoch_attribute(tmp_path):
+    """The loader records the epoch in progress, not `getattr(sampler, "epoch", 0)`: with a worker prefetching from
+    the first iterator, a sampler put on epoch 0 would replay epoch 0's order in a resumed later epoch."""
+
+    def run(ckpt_path=None, save=False):
+        model = IndexModule()
+        extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=6, save_top_k=-1)] if save else []
+        t = trainer(max_epochs=2, callbacks=[PrivateEpochProvider(), *extra], enable_checkpointing=save)
+        t.fit(model, datamodule=IndexedDM(n=32, batch_size=8, seed=0, num_workers=1), ckpt_path=ckpt_path)
+        return model
+
+    full = run(save=True)
+    resumed = run(ckpt_path=str(tmp_path / "epoch=1-step=6.ckpt"))  # 4 batches per epoch: epoch 1, 2 batches in
+    assert full.seen[2:4] != full.seen[6:]  # replaying epoch 0 would show
+    assert resumed.seen == full.seen[6:]
 
 
 def test_metadata_defaults():

@@ -127,6 +127,77 @@ def test_exact_under_a_gradient_accumulation_scheduler():
     assert len({size for _, size, _, _ in model.steps}) == 3
 
 
+def test_exact_under_manual_optimization_with_two_optimizers_and_max_steps():
+    """Lightning's global step counts both optimizers' steps: max_steps=40 is 20 batches, and the pipeline's sizes
+    must follow the on-device schedule over those 20 batches (not stay small as if there were 40)."""
+
+    class TwoOptimizers(PipelineRecorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            x, y, _ = batch
+            (cb,) = [c for c in self.trainer.callbacks if isinstance(c, ProgressiveResizing)]
+            self.steps.append((batch_idx, tuple(x.shape[-2:]), cb.current_plan(self.trainer).size_for((SIZE, SIZE))))
+            for opt in self.optimizers():
+                opt.zero_grad()
+                self.manual_backward(F.cross_entropy(self(x), y))
+                opt.step()
+
+        def configure_optimizers(self) -> Any:
+            return [
+                torch.optim.SGD(self.net.conv.parameters(), lr=0.05),
+                torch.optim.SGD(self.net.fc.parameters(), lr=0.05),
+            ]
+
+    model = TwoOptimizers()
+    cb = ProgressiveResizing(0.5, 0.25, 0.25, mode="pipeline", validation="full")
+    t = trainer(callbacks=[cb], max_epochs=10, max_steps=40, limit_val_batches=0)
+    t.fit(model, datamodule=PipelineData(num_workers=0))
+    assert t.global_step == 40 and len(model.steps) == 20
+    assert all(size == on_device for _, size, on_device in model.steps)
+    assert model.steps[0][1] == (8, 8) and model.steps[-1][1] == (16, 16)
+
+
+class PrivateEpochShuffle(torch.utils.data.Sampler):
+    """A per-epoch seeded shuffle that follows `set_epoch` but keeps its epoch private (no `.epoch`)."""
+
+    def __init__(self, n: int, seed: int, epoch: int) -> None:
+        self.n, self.seed, self._epoch = n, seed, epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self._epoch)).tolist())
+
+
+class PrivateEpochProvider(Callback):
+    def make_train_sampler(self, datamodule, dataset, *, epoch, num_replicas, rank, seed):
+        return PrivateEpochShuffle(len(dataset), seed, epoch)
+
+
+def test_sizes_follow_the_epochs_of_a_sampler_without_an_epoch_attribute():
+    """The plans are numbered by the epoch Lightning sets, also when the wrapped sampler does not expose it."""
+    model = PipelineRecorder()
+    cb = ProgressiveResizing(0.5, 0.25, 0.25, mode="pipeline", validation="full")
+    trainer(callbacks=[PrivateEpochProvider(), cb], max_epochs=3, limit_val_batches=0).fit(
+        model, datamodule=PipelineData(num_workers=0)
+    )
+    assert len(model.steps) == 24
+    assert all(size == on_device for _, size, on_device, _ in model.steps)
+    assert model.steps[-1][1] == (16, 16)
+    inner = PrivateEpochShuffle(8, seed=0, epoch=2)
+    sampler = ResolutionSampler(inner, 4, lambda epoch, batch: ResizePlan(), epoch=2)
+    assert sampler.epoch == 2
+    sampler.set_epoch(3)
+    assert sampler.epoch == inner._epoch == 3  # kept here and passed on
+
+
 @pytest.mark.parametrize("split", ["subset", "random_split"])
 def test_subsets_and_splits_of_the_dataset_work(split):
     """`Subset` (what `random_split` returns) fetches batches through `__getitems__`; each planned index must
@@ -236,6 +307,21 @@ def test_a_pipeline_without_the_transform_fails_clearly():
     dm = PipelineData(transform=None, num_workers=1)
     with pytest.raises(RuntimeError, match=r"never asked for the current size.*ScheduledResize"):
         trainer(callbacks=[ProgressiveResizing(mode="pipeline")], max_epochs=1).fit(PipelineRecorder(), datamodule=dm)
+
+
+def test_a_train_dataloader_override_fails_with_its_cause():
+    class OwnLoader(PipelineData):
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(
+                self.train_dataset, batch_size=8, sampler=self.train_sampler(self.train_dataset)
+            )
+
+    with pytest.raises(
+        RuntimeError, match=r"a `train_dataloader` override that builds its own.*super\(\)\.train_dataloader"
+    ):
+        trainer(callbacks=[ProgressiveResizing(mode="pipeline")], max_epochs=1).fit(
+            PipelineRecorder(), datamodule=OwnLoader(num_workers=0)
+        )
 
 
 def test_wrappers_directly():

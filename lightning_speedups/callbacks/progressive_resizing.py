@@ -16,7 +16,7 @@ from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 from lightning_speedups import _checks
 from lightning_speedups._rng import global_rng_kept
-from lightning_speedups.base import SpeedupCallback, accumulation, epoch_steps, run_length
+from lightning_speedups.base import SpeedupCallback, accumulation, epoch_steps, run_length, steps_per_batch
 from lightning_speedups.batch import BatchFields, BatchGetter, BatchSetter, Key
 from lightning_speedups.functional.batchnorm import (
     batchnorm_layers,
@@ -379,12 +379,14 @@ class ProgressiveResizing(SpeedupCallback):
         size, batch_size = len(sampler), datamodule.batch_size  # type: ignore[arg-type]
         loader_batches = size // batch_size if datamodule.drop_last else math.ceil(size / batch_size)
         plan_for_batch = functools.partial(self._plan_for_batch, trainer, loader_batches)
-        wrapped = ResolutionSampler(sampler, batch_size, plan_for_batch)
+        # the epoch the sampler was built for: it may follow set_epoch without exposing `epoch`
+        epoch = datamodule._sampler_context()["epoch"]
+        wrapped = ResolutionSampler(sampler, batch_size, plan_for_batch, epoch=epoch)
         self._wrapped_loader = True
         return ResolutionDataset(dataset), wrapped
 
     def _steps(self, trainer: pl.Trainer, loader_batches: int) -> tuple[int, float]:
-        """(training batches per epoch, total optimizer steps), as Lightning will count them (the total with each
+        """(training batches per epoch, total steps), as the on-device schedule counts them (the total with each
         epoch's own accumulation, as :func:`~lightning_speedups.base.run_length`).
 
         Needed before Lightning knows them: with workers, the first batches are requested while the training
@@ -394,9 +396,7 @@ class ProgressiveResizing(SpeedupCallback):
         batches = min(loader_batches, int(limit)) if isinstance(limit, int) else int(loader_batches * limit)
         max_epochs = trainer.max_epochs if trainer.max_epochs is not None else -1
         total: float = math.inf if max_epochs == -1 else float(epoch_steps(trainer, batches, range(max(max_epochs, 1))))
-        if trainer.max_steps != -1:
-            total = min(total, trainer.max_steps)
-        return batches, total
+        return batches, _with_max_steps(trainer, total)
 
     def _plan_for_batch(self, trainer: pl.Trainer, loader_batches: int, epoch: int, batch: int) -> ResizePlan:
         if self.ramp is not None:
@@ -437,16 +437,32 @@ class ProgressiveResizing(SpeedupCallback):
         loader = trainer.train_dataloader
         sampler = getattr(loader, "sampler", None)
         if not self._wrapped_loader or not isinstance(sampler, ResolutionSampler):
+            if self._wrapped_loader and trainer.overfit_batches > 0:
+                cause = (
+                    f"Lightning replaced its sampler with a {type(sampler).__name__} under "
+                    f"`Trainer(overfit_batches={trainer.overfit_batches})`. Drop `overfit_batches`, or use "
+                    "mode='resize' for overfitting runs."
+                )
+            else:
+                cause = (
+                    f"this loader (sampler {type(sampler).__name__}) was not built by "
+                    "`SpeedupDataModule.train_dataloader()`: a plain DataLoader, or a `train_dataloader` override "
+                    "that builds its own. Use a SpeedupDataModule and keep its `train_dataloader` (an override "
+                    "should return `super().train_dataloader()`), or use mode='resize'."
+                )
             raise RuntimeError(
                 "ProgressiveResizing(mode='pipeline') needs the training loader of a "
-                "`lightning_speedups.SpeedupDataModule` (its `train_dataloader` lets the callback attach the "
-                f"size of each batch), with its sampler in place; this loader's sampler is "
-                f"{type(sampler).__name__} (Lightning replaces it under `overfit_batches`). Use a "
-                "SpeedupDataModule, or mode='resize'."
+                "`lightning_speedups.SpeedupDataModule`, as its `train_dataloader` builds it (that lets the "
+                f"callback attach the size of each batch), with its sampler in place; {cause}"
             )
         if self.ramp is None:
             batches, total = self._steps(trainer, sampler.num_batches(bool(loader.drop_last)))
-            expected = (trainer.num_training_batches, run_length(trainer))
+            # what the on-device progress spreads the run over: batches against max_steps / optimizers under
+            # manual optimization with several optimizers (Lightning counts each one's steps), else run_length
+            expected = (
+                trainer.num_training_batches,
+                _with_max_steps(trainer, run_length(trainer, with_max_steps=False)),
+            )
             if (batches, total) != expected:
                 raise RuntimeError(
                     f"ProgressiveResizing(mode='pipeline') predicted {batches} batches per epoch and {total:g} steps, "
@@ -614,3 +630,12 @@ class ProgressiveResizing(SpeedupCallback):
         self._plan = ResizePlan(**plan) if plan is not None else None
         self._size = tuple(state_dict["size"]) if state_dict.get("size") else None  # type: ignore[assignment]
         self._full = tuple(state_dict["full"]) if state_dict.get("full") else None  # type: ignore[assignment]
+
+
+def _with_max_steps(trainer: pl.Trainer, total: float) -> float:
+    """``total`` (steps of the ``max_epochs`` bound) capped by ``max_steps`` in the same unit: batches under manual
+    optimization with several optimizers, where Lightning's global step counts every optimizer's step (as
+    :meth:`~lightning_speedups.base.SpeedupCallback.progress` does), else optimizer steps."""
+    if trainer.max_steps is None or trainer.max_steps < 0:
+        return total
+    return min(total, trainer.max_steps / steps_per_batch(trainer))
