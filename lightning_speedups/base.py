@@ -147,6 +147,15 @@ def _max_steps_share(trainer: pl.Trainer) -> float:
     return trainer.global_step / trainer.max_steps
 
 
+def cap_by_max_steps(trainer: pl.Trainer, total: float) -> float:
+    """``total`` (steps of the ``max_epochs`` bound) capped by ``max_steps`` in the same unit: batches under manual
+    optimization with several optimizers, where Lightning's global step counts every optimizer's step (as
+    :meth:`SpeedupCallback.progress` does), else optimizer steps."""
+    if trainer.max_steps is None or trainer.max_steps < 0:
+        return total
+    return min(total, trainer.max_steps / steps_per_batch(trainer))
+
+
 class SpeedupCallback(Callback):
     """Base class for lightning-speedups callbacks; subclass it to write your own.
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 from torch.utils.data import Dataset, DistributedSampler
 
-from lightning_speedups.base import accumulation_schedule, steps_per_batch
+from lightning_speedups.base import accumulation_schedule, cap_by_max_steps
 from lightning_speedups.functional import sampling as fs
 
 if TYPE_CHECKING:
@@ -293,19 +293,11 @@ def step_clock(
     schedule = accumulation_schedule(trainer)
     accumulate = schedule[0][1] if schedule else max(1, int(trainer.accumulate_grad_batches))
     clock = fs.StepClock(batch_size * num_replicas, batches, accumulate, accumulate_from=schedule)
-    max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
-    per_batch = steps_per_batch(trainer)
-    if max_steps is not None and max_steps > 0 and per_batch > 1:
-        # manual optimization with several optimizers: Lightning's max_steps counts each optimizer's step, and
-        # the run stops once the batches' steps reach it; this clock counts batches
-        max_steps = -(-max_steps // per_batch)
-    if max_epochs is None or max_epochs == -1:
-        total = math.inf if max_steps == -1 else float(max_steps)
-    else:
-        total = float(clock.first_step(max(max_epochs, 1)))
-        if max_steps != -1:
-            total = min(total, float(max_steps))
-    return dataclasses.replace(clock, total_steps=total)
+    # max_steps in this clock's unit (batches under manual optimization with several optimizers, whose every step
+    # Lightning counts): the total the callbacks' own progress uses
+    max_epochs = trainer.max_epochs
+    total = math.inf if max_epochs is None or max_epochs == -1 else float(clock.first_step(max(max_epochs, 1)))
+    return dataclasses.replace(clock, total_steps=cap_by_max_steps(trainer, total))
 
 
 def require_speedup_datamodule(trainer: pl.Trainer, who: str) -> SpeedupDataModule:

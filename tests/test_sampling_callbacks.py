@@ -156,7 +156,9 @@ class TwoOptimizerIndexModel(IndexModel):
 
 def test_pacing_under_manual_optimization_with_several_optimizers_reaches_all_the_data_at_max_steps():
     cur = CurriculumOrdering("linear", start_fraction=0.1, full_at=1.0)
-    model, t = fit([cur], model=TwoOptimizerIndexModel(), max_epochs=10, max_steps=20)  # 10 batches
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)  # the pacing's clock agrees with the trainer's run
+        model, t = fit([cur], model=TwoOptimizerIndexModel(), max_epochs=10, max_steps=20)  # 10 batches
     assert len(model.seen) == 10 and t.global_step == 20
     rank = ranks(np.argsort(np.random.default_rng(1).permutation(80).astype(float)))
     pools = [math.ceil(80 * (0.1 + 0.9 * b / 10)) for b in range(10)]  # linear over the run's 10 batches

@@ -14,7 +14,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
 from lightning_speedups import _checks
-from lightning_speedups.base import SpeedupCallback
+from lightning_speedups.base import SpeedupCallback, cap_by_max_steps, run_length
 from lightning_speedups.batch import BatchFields, Key
 from lightning_speedups.functional import sampling as fs
 from lightning_speedups.samplers import (
@@ -391,7 +391,7 @@ class CurriculumOrdering(SpeedupCallback):
         if clock is None:
             return
         batches = trainer.num_training_batches
-        total = self._total_steps
+        total = cap_by_max_steps(trainer, run_length(trainer, with_max_steps=False))
         if (math.isfinite(batches) and int(batches) != clock.batches_per_epoch) or (
             total is not None
             and math.isfinite(total)

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 from lightning_speedups import _checks
 from lightning_speedups._rng import global_rng_kept
-from lightning_speedups.base import SpeedupCallback, accumulation, epoch_steps, run_length, steps_per_batch
+from lightning_speedups.base import SpeedupCallback, accumulation, cap_by_max_steps, epoch_steps, run_length
 from lightning_speedups.batch import BatchFields, BatchGetter, BatchSetter, Key
 from lightning_speedups.functional.batchnorm import (
     batchnorm_layers,
@@ -396,7 +396,7 @@ class ProgressiveResizing(SpeedupCallback):
         batches = min(loader_batches, int(limit)) if isinstance(limit, int) else int(loader_batches * limit)
         max_epochs = trainer.max_epochs if trainer.max_epochs is not None else -1
         total: float = math.inf if max_epochs == -1 else float(epoch_steps(trainer, batches, range(max(max_epochs, 1))))
-        return batches, _with_max_steps(trainer, total)
+        return batches, cap_by_max_steps(trainer, total)
 
     def _plan_for_batch(self, trainer: pl.Trainer, loader_batches: int, epoch: int, batch: int) -> ResizePlan:
         if self.ramp is not None:
@@ -461,7 +461,7 @@ class ProgressiveResizing(SpeedupCallback):
             # manual optimization with several optimizers (Lightning counts each one's steps), else run_length
             expected = (
                 trainer.num_training_batches,
-                _with_max_steps(trainer, run_length(trainer, with_max_steps=False)),
+                cap_by_max_steps(trainer, run_length(trainer, with_max_steps=False)),
             )
             if (batches, total) != expected:
                 raise RuntimeError(
@@ -630,12 +630,3 @@ class ProgressiveResizing(SpeedupCallback):
         self._plan = ResizePlan(**plan) if plan is not None else None
         self._size = tuple(state_dict["size"]) if state_dict.get("size") else None  # type: ignore[assignment]
         self._full = tuple(state_dict["full"]) if state_dict.get("full") else None  # type: ignore[assignment]
-
-
-def _with_max_steps(trainer: pl.Trainer, total: float) -> float:
-    """``total`` (steps of the ``max_epochs`` bound) capped by ``max_steps`` in the same unit: batches under manual
-    optimization with several optimizers, where Lightning's global step counts every optimizer's step (as
-    :meth:`~lightning_speedups.base.SpeedupCallback.progress` does), else optimizer steps."""
-    if trainer.max_steps is None or trainer.max_steps < 0:
-        return total
-    return min(total, trainer.max_steps / steps_per_batch(trainer))
