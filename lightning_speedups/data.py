@@ -181,8 +181,24 @@ def dataset_labels(dataset: Dataset) -> np.ndarray | Sequence[Any] | None:
         parts = [dataset_labels(d) for d in dataset.datasets]
         if any(p is None for p in parts):
             return None
-        if all(isinstance(p, np.ndarray | Tensor) and np.asarray(p).ndim == 1 for p in parts):
-            return np.concatenate([np.asarray(p) for p in parts])
+        arrays = [np.asarray(p) for p in parts if isinstance(p, np.ndarray | Tensor)]
+        if len(arrays) == len(parts):
+            # ids (N,) or multi-hot rows (N, C): concatenated as one array, so multi-hot rows stay multi-hot (a
+            # list of rows would be read as lists of class ids)
+            if len({a.shape[1:] for a in arrays}) > 1:
+                shapes = ", ".join(str(a.shape) for a in arrays)
+                raise ValueError(
+                    f"The datasets of this ConcatDataset carry labels of different shapes ({shapes}), which cannot "
+                    "be put together as one label array. Give the labels yourself (`labels=` of the callback, or "
+                    "`sample_labels()`/`train_labels` on the datamodule)."
+                )
+            return np.concatenate(arrays)
+        if any(a.ndim > 1 for a in arrays):
+            raise ValueError(
+                "Part of this ConcatDataset carries array labels of 2 or more dims (multi-hot rows?) and part a "
+                "Python sequence, which cannot be put together without guessing. Give the labels yourself "
+                "(`labels=` of the callback, or `sample_labels()`/`train_labels` on the datamodule)."
+            )
         return [label for p in parts for label in p]  # type: ignore[union-attr]
     return None
 

@@ -218,6 +218,33 @@ def test_labels_through_random_split_and_concat():
     assert labels[6:] == [[1], [0, 1]]
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float32])
+def test_multi_hot_labels_through_concat_stay_multi_hot(dtype):
+    from lightning_speedups.data import dataset_labels
+    from lightning_speedups.functional import repeat_factors
+
+    hot = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]]).to(dtype)  # class 2 in one sample of six
+    parts = [TensorDataset(torch.zeros(3, 1), hot), TensorDataset(torch.zeros(3, 1), hot[[0, 0, 1]])]
+    labels = dataset_labels(torch.utils.data.ConcatDataset(parts))
+    assert isinstance(labels, np.ndarray) and labels.shape == (6, 3)
+    whole = dataset_labels(TensorDataset(torch.zeros(6, 1), torch.cat([hot, hot[[0, 0, 1]]])))
+    np.testing.assert_array_equal(repeat_factors(labels, 0.5), repeat_factors(whole, 0.5))
+    assert repeat_factors(labels, 0.5)[2] == pytest.approx(3**0.5)  # sqrt(0.5 / (1/6))
+
+
+def test_concat_labels_of_different_shapes_are_an_error_not_a_guess():
+    from lightning_speedups.data import dataset_labels
+
+    ids = TensorDataset(torch.zeros(2, 1), torch.tensor([0, 1]))
+    hot = TensorDataset(torch.zeros(2, 1), torch.tensor([[1, 0], [0, 1]]))
+    with pytest.raises(ValueError, match=r"labels of different shapes \(\(2,\), \(2, 2\)\)"):
+        dataset_labels(torch.utils.data.ConcatDataset([ids, hot]))
+    listed = IndexedImages(2)
+    listed.targets = [[0], [1]]
+    with pytest.raises(ValueError, match="and part a Python sequence"):
+        dataset_labels(torch.utils.data.ConcatDataset([hot, listed]))
+
+
 def test_missing_dataset_and_bad_arguments():
     with pytest.raises(RuntimeError, match=r"set `self\.train_dataset`"):
         SpeedupDataModule().train_dataloader()
