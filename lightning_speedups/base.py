@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import re
 import zlib
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -302,9 +303,10 @@ class SpeedupCallback(Callback):
         sibling = self.__dict__.get("_sibling_index", 0)
         return f"{prefix}_{sibling + 1}" if sibling else prefix
 
-    def log_now(self, trainer: pl.Trainer) -> None:
-        """Send :meth:`knobs` to every logger of ``trainer`` (rank zero only, as loggers are)."""
-        knobs = self.knobs()
+    def log_now(self, trainer: pl.Trainer, knobs: Mapping[str, float] | None = None) -> None:
+        """Send :meth:`knobs` (or the ``knobs`` given) to every logger of ``trainer`` (rank zero only, as loggers
+        are), under ``<log_name>/``."""
+        knobs = self.knobs() if knobs is None else knobs
         if not knobs or not trainer.loggers:
             return
         metrics = {f"{self._log_prefix}/{k}": float(v) for k, v in knobs.items()}

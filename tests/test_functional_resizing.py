@@ -207,6 +207,19 @@ def test_crop_and_resize_keep_the_memory_layout():
             assert out.is_contiguous(memory_format=layout), (mode, layout)
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool])
+def test_nearest_resize_of_integer_images_keeps_channels_last(dtype):
+    x = (torch.rand(2, 3, 12, 12) > 0.5).to(dtype).contiguous(memory_format=torch.channels_last)
+    out = resize_images(x, (6, 6), "nearest")
+    assert out.is_contiguous(memory_format=torch.channels_last) and out.dtype == dtype
+    torch.testing.assert_close(out, x.contiguous()[:, :, ::2, ::2])  # nearest at half size: every other pixel
+
+
+def test_a_non_image_input_to_the_functional_ops_gets_a_functional_hint():
+    with pytest.raises(ValueError, match=r"shape \(3, 12, 12\).*x\.unsqueeze\(0\)"):
+        resize_images(torch.rand(3, 12, 12), (6, 6))
+
+
 def test_crop_takes_a_region_per_sample_with_its_mask():
     x = torch.arange(4 * 2 * 10 * 12, dtype=torch.float32).view(4, 2, 10, 12)
     mask = torch.arange(4 * 10 * 12).view(4, 10, 12)

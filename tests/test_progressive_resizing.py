@@ -432,6 +432,25 @@ def test_logs_scale_and_size():
     assert heights[0] == 8 and heights[15] == 16
     assert logger.history["progressive_resizing/val_height"][0][1] == 8.0
     assert cb.state_dict()["plan"] == {"scale": 1.0, "resolution": None, "size_increment": 4}
+    # logged once per validation at the training size (not the last, at full size), at its step, never with the
+    # training knobs (which would repeat the last validation's size at every step until the next)
+    assert logger.history["progressive_resizing/val_height"] == [(3, 8.0), (7, 12.0), (11, 16.0)]
+    assert len(logger.history["progressive_resizing/val_width"]) == 3
+
+
+def test_crop_after_cutmix_is_refused_and_before_it_is_fine():
+    from lightning_speedups import CutMix
+
+    with pytest.raises(ValueError, match=r"runs after CutMix here.*Put ProgressiveResizing before CutMix"):
+        trainer(callbacks=[CutMix(num_classes=NUM_CLASSES), ProgressiveResizing(0.5, mode="crop")], max_steps=1).fit(
+            SizeRecorder(), loaders("list", n=64, size=SIZE)[0]
+        )
+    model = SizeRecorder()
+    trainer(callbacks=[ProgressiveResizing(0.5, mode="crop"), CutMix(num_classes=NUM_CLASSES)], max_steps=1).fit(
+        model, loaders("list", n=64, size=SIZE)[0]
+    )
+    assert [size for _, size, _, _ in model.train_seen] == [(8, 8)]
+    assert model.train_seen[0][3].is_floating_point()  # CutMix acted, on the cropped batch
 
 
 # ---------------------------------------------------------------------------------------------- errors

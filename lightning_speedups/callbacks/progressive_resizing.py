@@ -423,11 +423,29 @@ class ProgressiveResizing(SpeedupCallback):
         self._trained_bn, self._bn_modes_stale, self._warned_unreached = [], True, False
         self._settled = False
         self._wrapped_loader = False
+        if self.mode == "crop":
+            self._check_order(trainer)
         if self.val_remedy == "train_size":
             rank_zero_info(
                 "ProgressiveResizing: validation during fit runs at the current training scale (logged as "
                 "progressive_resizing/val_height and val_width) until the schedule reaches full size."
             )
+
+    def _check_order(self, trainer: pl.Trainer) -> None:
+        # Batch transforms run in callback order. A CutMix before a random crop weights its targets by the pasted
+        # area at full size, and the crop then cuts part of the box away: the targets no longer match the pixels.
+        # (MixUp commutes with resizing and cropping; a crop before CutMix is exact.)
+        from lightning_speedups.callbacks.cutmix import CutMix
+
+        for cb in trainer.callbacks:
+            if cb is self:
+                return
+            if isinstance(cb, CutMix):
+                raise ValueError(
+                    "ProgressiveResizing(mode='crop') runs after CutMix here, so the crop would cut part of CutMix's "
+                    "pasted box away and its targets (weighted by the box's area at full size) would not match the "
+                    "pixels. Put ProgressiveResizing before CutMix in `callbacks`, or use mode='resize'."
+                )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -572,7 +590,11 @@ class ProgressiveResizing(SpeedupCallback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._restore()
         if self._val_size is not None and self.log_knobs and trainer.loggers and not trainer.sanity_checking:
-            self.log_now(trainer)  # the metrics just logged were taken at this size
+            # with the metrics just logged, which were taken at this size; not with the training knobs, where it
+            # would be the last validation's size at every step until the next
+            height, width = self._val_size
+            self.log_now(trainer, {"val_height": float(height), "val_width": float(width)})
+        self._val_size = None
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._release()  # a validation that raised must not leave the full-size statistics in the model
@@ -612,8 +634,6 @@ class ProgressiveResizing(SpeedupCallback):
             knobs["scale"] = self._plan.scale
         if self._size is not None:
             knobs["height"], knobs["width"] = float(self._size[0]), float(self._size[1])
-        if self._val_size is not None:
-            knobs["val_height"], knobs["val_width"] = float(self._val_size[0]), float(self._val_size[1])
         return knobs
 
     def state_dict(self) -> dict[str, Any]:

@@ -196,9 +196,13 @@ def check_image_batch(x: object, who: str = "resize") -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"{who} needs an image batch tensor (N, C, H, W), got {type(x).__name__}.")
     if x.ndim != 4:
-        raise ValueError(
-            f"{who} works on image batches of shape (N, C, H, W), got a tensor of shape {tuple(x.shape)}. "
+        hint = (
             "Point `input_key` at the images, or leave this callback out for non-image inputs."
+            if who.startswith("ProgressiveResizing")
+            else "Pass the images (a single image needs a batch dim: `x.unsqueeze(0)`)."
+        )
+        raise ValueError(
+            f"{who} works on image batches of shape (N, C, H, W), got a tensor of shape {tuple(x.shape)}. {hint}"
         )
     return x
 
@@ -217,8 +221,12 @@ def resize_images(x: Tensor, size: Size, interpolation: str = "bilinear", antial
         return x
     if interpolation == "nearest":
         if not x.is_floating_point() and x.dtype != torch.uint8:
-            # torch has no nearest kernel for int/bool images: gather the same samples as the masks get
-            return resize_masks(x, size, "nearest")
+            # torch has no nearest kernel for int/bool images: gather the same samples as the masks get, in the
+            # input's memory layout (the gather returns a contiguous tensor)
+            out = resize_masks(x, size, "nearest")
+            if not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+                out = out.contiguous(memory_format=torch.channels_last)
+            return out
         return F.interpolate(x, size=size, mode="nearest")
     if not x.is_floating_point():
         raise TypeError(
