@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -94,8 +95,12 @@ class RunResult:
         return self.history[-1].cpu if self.history else float("nan")
 
     def to_target(self, target: float) -> Checkpoint | None:
-        """The first validation at or above ``target`` (MLPerf's "first reached")."""
-        return next((c for c in self.history if c.metric >= target), None)
+        """The first validation at or above ``target`` (MLPerf's "first reached").
+
+        Compared in float32, the precision metrics are logged in: 9 of 10 correct is logged as 0.89999998, which
+        must reach a ``--target 0.9``."""
+        goal = _float32(target)
+        return next((c for c in self.history if _float32(c.metric) >= goal), None)
 
 
 @dataclass
@@ -285,8 +290,6 @@ def _check(cfg: CompareConfig) -> None:
         raise CompareError(f"--max-epochs must be >= 1, got {cfg.max_epochs}.")
     if cfg.devices < 1:
         raise CompareError(f"--devices must be >= 1, got {cfg.devices}.")
-    if cfg.output is not None:
-        _check_output(cfg.output)
     if any(word in cfg.metric.lower() for word in ("loss", "error", "perplexity")):
         raise CompareError(
             f"--metric {cfg.metric!r} looks like a lower-is-better metric; compare reads the metric as higher "
@@ -438,6 +441,8 @@ def run_comparison(cfg: CompareConfig, out: TextIO | None = None) -> Report:
     _check(cfg)
     make_model, make_dm = _factories(cfg)
     label, make_callbacks, extra = _recipe(cfg)
+    if cfg.output is not None:  # after the other checks: a typo in a preset or path leaves no folder behind
+        _check_output(cfg.output)
 
     epochs_per_repeat = cfg.max_epochs * (3 if cfg.budget_baseline else 2)
     bar = None
@@ -460,9 +465,14 @@ def run_comparison(cfg: CompareConfig, out: TextIO | None = None) -> Report:
                 if not cfg.budget_baseline:
                     continue
                 per_step = base.flops / max(1, base.steps)
+                # the nearest whole number of the baseline's mean steps (a partial last batch per epoch makes the
+                # mean step cheaper than a full one, so the control's FLOPs match the recipe's only to a step)
                 budget_steps = max(1, round(rec.flops / per_step)) if per_step else base.steps
                 if budget_steps < base.steps:
-                    runs.append(_run(BUDGET, repeat, cfg, make_model, make_dm, [], {}, bar, max_steps=budget_steps))
+                    control = _run(BUDGET, repeat, cfg, make_model, make_dm, [], {}, bar, max_steps=budget_steps)
+                    runs.append(control)
+                    if bar is not None:  # a shortened run validates fewer times than the epochs the bar counts
+                        bar.update(max(0, cfg.max_epochs - len(control.history)))
                 elif bar is not None:
                     bar.update(cfg.max_epochs)  # the recipe saved no FLOPs: nothing to control for
     finally:
@@ -487,10 +497,14 @@ def run_comparison(cfg: CompareConfig, out: TextIO | None = None) -> Report:
     print(text, file=out)
     if cfg.output is not None:
         try:
-            save_report(report, cfg.output, text)
+            plotted = save_report(report, cfg.output, text)
         except OSError as err:  # the folder changed under the runs (the up-front check passed)
             raise CompareError(f"--output {str(cfg.output)!r}: could not save the report ({err}).") from err
-        print(f"\nSaved {cfg.output / 'report.md'}, {cfg.output / 'results.json'} and plots.", file=out)
+        saved = f"{cfg.output / 'report.md'}, {cfg.output / 'results.json'}"
+        if plotted:
+            print(f"\nSaved {saved} and {cfg.output / 'accuracy.png'}.", file=out)
+        else:
+            print(f"\nSaved {saved} (no plot: matplotlib is not installed; `pip install matplotlib`).", file=out)
     return report
 
 
@@ -501,6 +515,19 @@ def _num(value: float | None, fmt: str) -> str:
 
 def _speed(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}×"
+
+
+def _relative(ratio: float | None, better: str, worse: str) -> str:
+    """``1.50× faster`` for a ratio of 1.5, ``2.00× slower`` for 0.5: a ratio below 1 is never called faster."""
+    if ratio is None:
+        return "–"
+    if ratio >= 1.0:
+        return f"{ratio:.2f}× {better}"
+    return f"{1.0 / ratio:.2f}× {worse}" if ratio > 0 else f"infinitely {worse}"
+
+
+def _float32(value: float) -> float:
+    return float(torch.tensor(value, dtype=torch.float32))
 
 
 def format_report(report: Report) -> str:
@@ -534,9 +561,11 @@ def format_report(report: Report) -> str:
         elif recipe.wall_to_target is None:
             lines.append("the recipe does not reach the target.")
         else:
+            wall = _ratio(budget.wall_to_target, recipe.wall_to_target)
+            flops = _ratio(budget.flops_to_target, recipe.flops_to_target)
             lines.append(
-                f"the recipe is {_speed(_ratio(budget.wall_to_target, recipe.wall_to_target))} faster in wall time "
-                f"and {_speed(_ratio(budget.flops_to_target, recipe.flops_to_target))} in FLOPs to the target."
+                f"to the target, the recipe is {_relative(wall, 'faster', 'slower')} in wall time and needs "
+                f"{_relative(flops, 'fewer', 'more')} FLOPs."
             )
     lines += [
         "",
@@ -547,8 +576,9 @@ def format_report(report: Report) -> str:
     return "\n".join(lines)
 
 
-def save_report(report: Report, output: Path, text: str) -> None:
-    """``report.md``, ``results.json`` and ``accuracy.png`` (if matplotlib is installed) under ``output``."""
+def save_report(report: Report, output: Path, text: str) -> bool:
+    """``report.md``, ``results.json`` and ``accuracy.png`` (if matplotlib is installed) under ``output``; whether
+    the plot was written."""
     output.mkdir(parents=True, exist_ok=True)
     (output / "report.md").write_text(text + "\n")
     data = {
@@ -568,7 +598,7 @@ def save_report(report: Report, output: Path, text: str) -> None:
         ],
     }
     (output / "results.json").write_text(json.dumps(data, indent=2))
-    plot_report(report, output / "accuracy.png")
+    return plot_report(report, output / "accuracy.png")
 
 
 def accuracy_ylim(metrics: list[float], target: float, zoom: float = 0.1, pad: float = 0.005) -> tuple[float, float]:

@@ -8,7 +8,10 @@ steps, which Lightning runs without callbacks, are in the wall and CPU time but 
 
 CPU time is this process's (all its threads) plus its DataLoader workers' (live workers read from ``/proc``,
 finished ones from ``RUSAGE_CHILDREN``; on systems without ``/proc``, this process's only), so that moving work
-into the workers (pipeline-mode resizing) is not counted as a saving.
+into the workers (pipeline-mode resizing) is not counted as a saving. Workers started by a fork server (the
+``forkserver`` start method, Python 3.14's default on Linux) are the server's children, not ours, so the kernel
+never adds them to ``RUSAGE_CHILDREN``: a finished one counts with its last reading (taken whenever the time
+was read while it was alive, at least at each validation), which may miss its last moments.
 """
 
 from __future__ import annotations
@@ -60,14 +63,28 @@ def cpu_seconds() -> float:
         tick = os.sysconf("SC_CLK_TCK")
     except (ValueError, OSError, AttributeError):  # pragma: no cover
         return total
+    me, alive = os.getpid(), set()
     for child in children:
         try:
             with open(f"/proc/{child.pid}/stat") as stat:
                 fields = stat.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            seconds = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
         except (OSError, IndexError, ValueError):  # no /proc, or the worker just exited
             continue
-    return total
+        total += seconds
+        if int(fields[1]) != me:  # not our child (a fork server's): RUSAGE_CHILDREN will never have it
+            _not_ours_last[child.pid] = seconds
+            alive.add(child.pid)
+    global _not_ours_finished
+    for pid in [p for p in _not_ours_last if p not in alive]:
+        _not_ours_finished += _not_ours_last.pop(pid)
+    return total + _not_ours_finished
+
+
+#: last CPU-seconds reading of each live worker that is not this process's child (a fork server's), by pid
+_not_ours_last: dict[int, float] = {}
+#: the last readings of such workers that have finished since
+_not_ours_finished = 0.0
 
 
 def _shape_key(batch: Any) -> tuple:

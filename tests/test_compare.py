@@ -5,6 +5,7 @@ import re
 import sys
 
 import pytest
+import torch
 
 from lightning_speedups import presets
 from lightning_speedups.cli import main
@@ -110,6 +111,23 @@ def test_with_an_even_number_of_repeats_the_default_target_is_reached_by_the_bas
 
 def _at(wall: float) -> Checkpoint:
     return Checkpoint(step=int(wall), epoch=0, wall=wall, cpu=wall, flops=wall, metric=1.0)
+
+
+def test_a_target_equal_to_a_logged_float32_accuracy_is_reached():
+    from lightning_speedups.compare import RunResult
+
+    logged = float(torch.tensor([1.0] * 9 + [0.0]).mean())  # 9 of 10 correct, as a logged metric: 0.89999998
+    run = RunResult(arm="a", repeat=0, flops=1.0, steps=1, history=[Checkpoint(1, 0, 1.0, 1.0, 1.0, logged)])
+    assert logged < 0.9 and run.to_target(0.9) is not None
+    assert run.to_target(0.9000001) is None  # a target above it, in float32 too, is not reached
+
+
+def test_the_verdict_never_calls_a_slower_recipe_faster():
+    from lightning_speedups.compare import _relative
+
+    assert _relative(1.5, "faster", "slower") == "1.50× faster"
+    assert _relative(0.4, "faster", "slower") == "2.50× slower"
+    assert _relative(None, "faster", "slower") == "–"
 
 
 def test_time_to_target_counts_a_missed_run_as_never_reaching():
@@ -319,6 +337,22 @@ def test_a_module_that_fails_at_import_gives_a_message(source, error, tmp_path, 
     err = capsys.readouterr().err
     assert err.startswith("error: --model 'broken_speedup_model:Net': importing module 'broken_speedup_model' failed")
     assert error in err and "Traceback" not in err
+
+
+def test_a_typo_in_the_preset_leaves_no_output_folder_behind(tmp_path, capsys):
+    out = tmp_path / "typo" / "nested"
+    assert main(["compare", "--preset", "vison-mild", *TINY, "--output", str(out)]) == 2
+    assert "Unknown preset 'vison-mild'" in capsys.readouterr().err and not (tmp_path / "typo").exists()
+
+
+def test_without_matplotlib_the_report_says_no_plot_was_saved(tmp_path, capsys, monkeypatch):
+    import lightning_speedups.compare as compare
+
+    monkeypatch.setattr(compare, "plot_report", lambda report, path: False)
+    assert main(["compare", "--callback", "LabelSmoothing", *TINY, "--output", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "no plot: matplotlib is not installed" in printed and "accuracy.png" not in printed
+    assert not (tmp_path / "accuracy.png").exists()
 
 
 def test_an_output_folder_that_cannot_hold_the_report_fails_before_training(tmp_path, capsys):

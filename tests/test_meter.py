@@ -134,3 +134,28 @@ def test_cpu_seconds_counts_a_finished_worker_once():
     first, second = cpu_seconds(), cpu_seconds()
     assert first - before >= 0.25  # its CPU time is in the first reading already
     assert abs(second - first) < 0.1
+
+
+def _burn_cpu_then_wait(seconds, done):
+    _burn_cpu(seconds)
+    done.set()
+    time.sleep(0.5)  # alive, its work done, while the parent reads the time
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads live workers from /proc")
+def test_cpu_seconds_keeps_a_forkserver_workers_time_after_it_exits():
+    import multiprocessing
+
+    from lightning_speedups.meter import cpu_seconds
+
+    ctx = multiprocessing.get_context("forkserver")
+    done = ctx.Event()
+    child = ctx.Process(target=_burn_cpu_then_wait, args=(0.3, done))
+    before = cpu_seconds()
+    child.start()
+    assert done.wait(60)
+    while_alive = cpu_seconds()  # its time, read from /proc
+    child.join()  # the fork server, not this process, reaps it: RUSAGE_CHILDREN never gets its time
+    after = cpu_seconds()
+    assert while_alive - before >= 0.25
+    assert after >= while_alive - 0.01  # not dropped when it exits
