@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -314,9 +315,20 @@ class SpeedupCallback(Callback):
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
 
-    def warn(self, message: str) -> None:
-        """Warn once per process group: on rank zero only."""
-        rank_zero_warn(f"{type(self).__name__}: {message}", category=SpeedupWarning)
+    def warn(self, message: str, *, every_rank: bool = False) -> None:
+        """Warn once per process group: on rank zero only.
+
+        ``every_rank=True`` for a finding about this rank's own data (its first batch, its images), which
+        another rank may not share: then any rank that finds it warns, naming itself when there are several.
+        """
+        text = f"{type(self).__name__}: {message}"
+        if not every_rank:
+            rank_zero_warn(text, category=SpeedupWarning)
+            return
+        several = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if several and torch.distributed.get_world_size() > 1:
+            text = f"{text} (rank {torch.distributed.get_rank()})"
+        warnings.warn(text, SpeedupWarning, stacklevel=2)
 
     # ------------------------------------------------------------------ state
     def state_key_fields(self) -> dict[str, Any]:

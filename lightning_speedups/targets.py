@@ -432,7 +432,8 @@ class TargetTransformCallback(SpeedupCallback):
             self.warn(
                 f"the float targets' rows sum to {float(sums.min()):.3g}..{float(sums.max()):.3g}, not 1: they are "
                 "mixed (and smoothed) as given, per class, which suits multi-label targets with a "
-                "binary cross entropy; cross entropy over classes expects rows that sum to 1."
+                "binary cross entropy; cross entropy over classes expects rows that sum to 1.",
+                every_rank=True,  # this rank's first batch: another rank's may be fine
             )
         if self._classes is None:
             self._classes = int(target.shape[1])

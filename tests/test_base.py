@@ -274,3 +274,19 @@ def test_numpy_integers_from_a_config_are_accepted():
     assert ProgressiveResizing(size_increment=np.int32(4)).size_increment == 4
     with pytest.raises(TypeError, match="`seed` must be an int"):
         MixUp(seed=True)
+
+
+def test_a_warning_about_a_ranks_own_data_comes_from_that_rank(monkeypatch):
+    from lightning.pytorch.utilities import rank_zero_only
+
+    monkeypatch.setattr(rank_zero_only, "rank", 1)  # as in DDP rank 1's process
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
+    cb = SpeedupCallback()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cb.warn("a setting")  # the same on every rank: rank zero says it
+        cb.warn("this rank's first batch", every_rank=True)
+    assert [str(w.message) for w in caught] == ["SpeedupCallback: this rank's first batch (rank 1)"]
+    assert caught[0].category is SpeedupWarning

@@ -319,7 +319,8 @@ class ProgressiveResizing(SpeedupCallback):
             if self.ramp["max_res"] > short:
                 self.warn(
                     f"the epoch ramp reaches max_res={self.ramp['max_res']} but the images' shorter side is "
-                    f"{short}: batches will be upsampled."
+                    f"{short}: batches will be upsampled.",
+                    every_rank=True,  # this rank's images
                 )
         if self.mode == "resize" and self.interpolation != "nearest" and not x.is_floating_point():
             raise TypeError(
@@ -543,7 +544,8 @@ class ProgressiveResizing(SpeedupCallback):
             self.warn(
                 f"`pl_module(images)` never runs the BatchNorm layers {names}, so they are validated with their "
                 "training-size statistics. Pass `calibration_forward=lambda module, images: ...` that runs them "
-                "(e.g. the head applied in `training_step`)."
+                "(e.g. the head applied in `training_step`).",
+                every_rank=True,  # what this rank's forward reached
             )
         self.recalibrations += 1
 
