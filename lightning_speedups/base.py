@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 
@@ -158,6 +159,10 @@ def cap_by_max_steps(trainer: pl.Trainer, total: float) -> float:
     return min(total, trainer.max_steps / steps_per_batch(trainer))
 
 
+#: mixed into a callback's salt for the draws of validation batches, so that they never repeat training ones
+_VALIDATION_SALT = 0x5A17_DA7E
+
+
 class SpeedupCallback(Callback):
     """Base class for lightning-speedups callbacks; subclass it to write your own.
 
@@ -209,7 +214,12 @@ class SpeedupCallback(Callback):
     def progress(self, trainer: pl.Trainer) -> float:
         """Fraction of training done, in [0, 1]; 0 before training starts."""
         if self._total_steps is None:
-            return 0.0
+            if trainer.state.stage is not RunningStage.TRAINING or trainer.train_dataloader is None:
+                return 0.0
+            # training, but `on_train_start` did not run ours (a subclass's override without `super()`): work
+            # the run's length out now rather than report no progress for the whole run
+            self._refresh_total_steps(trainer)
+            assert self._total_steps is not None
         step0, p0 = self._anchor
         if step0 == 0 and p0 == 0.0:
             return training_progress(trainer, self._total_steps)
@@ -256,6 +266,18 @@ class SpeedupCallback(Callback):
         # on_train_batch_start it is the 0-based index of the current batch; resume restores it.
         return int(trainer.fit_loop.epoch_loop.batch_progress.total.started)
 
+    def _stream(self, trainer: pl.Trainer) -> tuple[int, int]:
+        """``(batch, salt)`` keying this batch's draws: the training batch's index and this callback's salt; in a
+        validation batch (``transform_validation_batch``), that batch's own index within the fit's validation
+        batches, after the training batches so far, under another salt: each validation batch draws its own."""
+        index = self._batch_index(trainer)
+        state = trainer.state
+        if state.stage is not RunningStage.VALIDATING:
+            return index, self._salt()
+        loop = trainer.fit_loop.epoch_loop.val_loop if state.fn is TrainerFn.FITTING else trainer.validate_loop
+        # eval loops count a batch as started after moving it to the device: inside the seam, this batch's index
+        return (index << 32) | int(loop.batch_progress.total.started), self._salt() ^ _VALIDATION_SALT
+
     def _seed_or_process_seed(self) -> int:
         """``seed``, or before ``setup`` fixes it, the process seed (what ``seed_everything`` set)."""
         return self.seed if self.seed is not None else _process_seed()
@@ -273,21 +295,22 @@ class SpeedupCallback(Callback):
         use, as it costs a few µs per batch.
 
         Each call restarts the same stream (and re-seeds the one object it returns), so a draw that must not
-        depend on an earlier one in the same batch can be made after a fresh call.
+        depend on an earlier one in the same batch can be made after a fresh call. Validation batches (in
+        ``transform_validation_batch``) get draws of their own, one stream per batch.
         """
         random = self.__dict__.get("_batch_random")
         if random is None:
             random = self._batch_random = BatchRandom()
-        key = batch_key(self._seed_or_process_seed(), trainer.global_rank, self._batch_index(trainer), self._salt())
-        return random.reseed(key)
+        batch, salt = self._stream(trainer)
+        return random.reseed(batch_key(self._seed_or_process_seed(), trainer.global_rank, batch, salt))
 
     def rng(self, trainer: pl.Trainer) -> np.random.Generator:
         """A NumPy generator for the current batch, seeded by (seed, rank, batch index, callback class).
 
         For distributions that :meth:`batch_random` lacks; building it costs tens of µs per call.
         """
-        seed = self._seed_or_process_seed()
-        return np.random.default_rng([seed, trainer.global_rank, self._batch_index(trainer), self._salt()])
+        batch, salt = self._stream(trainer)
+        return np.random.default_rng([self._seed_or_process_seed(), trainer.global_rank, batch, salt])
 
     def torch_generator(self, trainer: pl.Trainer) -> torch.Generator:
         """A CPU ``torch.Generator`` for this batch's tensor draws (that of :meth:`batch_random`)."""
@@ -310,7 +333,14 @@ class SpeedupCallback(Callback):
         knobs = self.knobs() if knobs is None else knobs
         if not knobs or not trainer.loggers:
             return
-        metrics = {f"{self._log_prefix}/{k}": float(v) for k, v in knobs.items()}
+        try:
+            metrics = {f"{self._log_prefix}/{k}": float(v) for k, v in knobs.items()}
+        except (TypeError, ValueError, RuntimeError) as err:  # a str, None, a tensor of several elements
+            bad = next(k for k, v in knobs.items() if not _is_number(v))
+            raise TypeError(
+                f"{type(self).__name__}.knobs() gave {bad!r} = {knobs[bad]!r}, which loggers cannot take: knobs must "
+                "be numbers (a bool, an int, a float, a 0-d tensor). Log other values yourself, or leave them out."
+            ) from err
         step = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
@@ -384,10 +414,8 @@ class SpeedupCallback(Callback):
         index = next((i for i, cb in enumerate(siblings) if cb is self), 0)
         self._sibling_index = index
         if index > 0:  # the first draws what it would alone; each later one from its settings' own stream
-            key = self.state_key
-            if sum(cb.state_key == key for cb in siblings) > 1:
-                key = f"{key}#{index}"
-            self._salt_cache = zlib.crc32(f"{type(self).__qualname__}#{key}".encode())
+            # (two instances with the same state key never get here: Lightning refuses them in `Trainer(...)`)
+            self._salt_cache = zlib.crc32(f"{type(self).__qualname__}#{self.state_key}".encode())
         else:
             self.__dict__.pop("_salt_cache", None)
 
@@ -404,6 +432,12 @@ class SpeedupCallback(Callback):
             seam.uninstall(trainer, self)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.transforms_batches and not any(cb is self for cb in seam.active_transforms(trainer)):
+            raise RuntimeError(
+                f"{type(self).__name__} overrides `transform_batch`, but its `setup` did not call "
+                "`super().setup(trainer, pl_module, stage)`, which installs the seam that calls it: no batch would "
+                "be transformed. Call `super().setup(...)` in the override."
+            )
         self._refresh_total_steps(trainer)
         if self._loaded_progress is not None and trainer.reload_dataloaders_every_n_epochs:
             # resumed after a reload: the earlier epochs' lengths are gone, the checkpoint kept where they led
@@ -420,6 +454,14 @@ class SpeedupCallback(Callback):
     ) -> None:
         if self.log_knobs and trainer.loggers and _should_log(trainer):
             self.log_now(trainer)
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+    return True
 
 
 def _process_seed() -> int:

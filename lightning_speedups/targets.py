@@ -30,6 +30,7 @@ from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
 from lightning_speedups import _checks
+from lightning_speedups._rng import BatchRandom
 from lightning_speedups.base import SpeedupCallback
 from lightning_speedups.batch import BatchFields, BatchGetter, BatchSetter, Key, _write
 
@@ -223,6 +224,17 @@ class TargetTransformCallback(SpeedupCallback):
         if self.p == 0.0 or not self.in_window(trainer):
             return False
         return self.p == 1.0 or self.batch_random(trainer).random() < self.p
+
+    def technique_random(self, trainer: pl.Trainer) -> BatchRandom:
+        """This batch's draws for :meth:`apply`, past the coin that decided ``p``.
+
+        :meth:`batch_random` restarts the batch's stream, whose first draw is that coin (always below ``p``
+        when ``apply`` runs): draws taken from it directly would be biased. This skips the coin, whether or not
+        ``p < 1`` drew it, so the technique's draws are the same for every ``p``.
+        """
+        rng = self.batch_random(trainer)
+        rng.random()
+        return rng
 
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

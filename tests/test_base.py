@@ -290,3 +290,14 @@ def test_a_warning_about_a_ranks_own_data_comes_from_that_rank(monkeypatch):
         cb.warn("this rank's first batch", every_rank=True)
     assert [str(w.message) for w in caught] == ["SpeedupCallback: this rank's first batch (rank 1)"]
     assert caught[0].category is SpeedupWarning
+
+
+def test_a_knob_that_is_not_a_number_is_named_in_the_error():
+    class Named(SpeedupCallback):
+        def knobs(self):
+            return {"fine": 1.0, "schedule": "cosine"}
+
+    with pytest.raises(TypeError, match=r"Named\.knobs\(\) gave 'schedule' = 'cosine'.*knobs must be numbers"):
+        trainer(callbacks=[Named()], max_steps=1, logger=MemoryLogger(), log_every_n_steps=1).fit(
+            RecordingModule(), loaders("list")[0]
+        )

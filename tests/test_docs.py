@@ -8,7 +8,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FRAGMENTS = {  # (file, block index): why it cannot run alone
     ("README.md", 0): "shows where the callbacks go; `model` and `datamodule` are the reader's",
-    ("docs/data.md", 1): "a method body of the class in the block before",
     ("docs/presets.md", 1): "a plug-in's entry point: `my_project` is the reader's package",
 }
 

@@ -44,3 +44,49 @@ def test_documented_extension_acts_in_its_window_and_logs():
     assert [v for _, v in logger.history["input_noise/std"]] == [0.5] * 8
     with pytest.raises(ValueError, match="`std` must be >= 0"):
         InputNoise(std=-1)
+
+
+def test_a_setup_override_without_super_is_a_clear_error_not_a_silent_no_op():
+    class NoSuperSetup(InputNoise):
+        def setup(self, trainer, pl_module, stage):
+            self.ready = True  # forgot super().setup(...)
+
+    model = RecordingModule()
+    with pytest.raises(RuntimeError, match=r"NoSuperSetup overrides `transform_batch`.*Call `super\(\)\.setup"):
+        trainer(callbacks=[NoSuperSetup(std=0.5)], max_epochs=1).fit(model, loaders("list")[0])
+    assert not model.train_batches  # before any step
+
+
+def test_an_on_train_start_override_without_super_still_sees_progress():
+    class NoSuperTrainStart(InputNoise):
+        def on_train_start(self, trainer, pl_module):
+            self.started = True  # forgot super().on_train_start(...)
+
+    model = RecordingModule()
+    train = loaders("list")[0]
+    trainer(callbacks=[NoSuperTrainStart(std=0.5, until=0.5, seed=0)], max_epochs=2).fit(model, train)
+    raw = [x for x, _ in train] * 2
+    changed = [not torch.equal(seen, r) for (seen, _), r in zip(model.train_batches, raw, strict=True)]
+    assert changed == [True] * 4 + [False] * 4  # the window ends at half the run, as with super()
+
+
+def test_technique_random_is_not_the_coin_that_decided_p():
+    from types import SimpleNamespace
+
+    from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+
+    from lightning_speedups.targets import TargetTransformCallback
+
+    cb = TargetTransformCallback(p=0.5, seed=1)
+    draws = []
+    for batch in range(400):
+        progress = SimpleNamespace(total=SimpleNamespace(started=batch))
+        fake = SimpleNamespace(
+            global_rank=0,
+            fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)),
+            state=SimpleNamespace(stage=RunningStage.TRAINING, fn=TrainerFn.FITTING),
+        )
+        if cb.batch_random(fake).random() < cb.p:  # the batches the technique acts on
+            draws.append(cb.technique_random(fake).random())
+    assert 150 < len(draws) < 250
+    assert max(draws) > 0.9 and 0.4 < sum(draws) / len(draws) < 0.6  # uniform, not below p like the coin

@@ -8,9 +8,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from scipy import stats
 
-from lightning_speedups import CutMix, MixUp
+from lightning_speedups import CutMix, MixUp, SpeedupCallback
 from lightning_speedups._rng import BatchRandom, batch_key
 from lightning_speedups.functional import cutmix_box, sample_lambda, sample_permutation
 
@@ -76,10 +77,26 @@ def test_functional_ops_take_a_batch_random():
     assert sample_lambda(1.0, again) == lam and sample_permutation(8, "cpu", again).equal(perm)
 
 
-def _trainer(rank: int, batch: int) -> SimpleNamespace:
+def _trainer(rank: int, batch: int, val_batch: int | None = None) -> SimpleNamespace:
+    """What the draws read of a trainer: in a training batch, or in validation batch ``val_batch`` of the fit."""
     progress = SimpleNamespace(total=SimpleNamespace(started=batch))
-    loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress))
-    return SimpleNamespace(global_rank=rank, fit_loop=loop)
+    val_loop = SimpleNamespace(batch_progress=SimpleNamespace(total=SimpleNamespace(started=val_batch)))
+    loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress, val_loop=val_loop))
+    stage = RunningStage.TRAINING if val_batch is None else RunningStage.VALIDATING
+    state = SimpleNamespace(stage=stage, fn=TrainerFn.FITTING)
+    return SimpleNamespace(global_rank=rank, fit_loop=loop, state=state)
+
+
+def test_each_validation_batch_draws_its_own_and_never_a_training_batchs():
+    def first(trainer):
+        return cb.batch_random(trainer).random()
+
+    cb = SpeedupCallback(seed=3)
+    val = [first(_trainer(0, 5, val_batch=v)) for v in range(3)]
+    assert len(set(val)) == 3  # each validation batch its own draws
+    assert val[0] == first(_trainer(0, 5, val_batch=0))  # reproducibly
+    assert val[0] != first(_trainer(0, 7, val_batch=0))  # the next validation run: others
+    assert not {first(_trainer(0, b)) for b in range(64)} & set(val)  # never a training batch's
 
 
 def test_callback_draws_depend_on_seed_rank_batch_and_class():

@@ -57,8 +57,7 @@ class CutMix(TargetTransformCallback):
             )
 
     def apply(self, x: Tensor, target: Tensor, num_classes: int, trainer: pl.Trainer) -> tuple[Tensor, Tensor]:
-        rng = self.batch_random(trainer)
-        rng.random()  # the draw that decided `p`
+        rng = self.technique_random(trainer)  # past the draw that decided `p`
         box = cutmix_box(tuple(x.shape[2:]), sample_lambda(self.alpha, rng), rng)
         perm = sample_permutation(x.shape[0], x.device, rng)
         new_x, new_target, self._lam = cut_and_paste(x, target, box, perm, num_classes)

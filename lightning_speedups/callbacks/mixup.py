@@ -49,8 +49,7 @@ class MixUp(TargetTransformCallback):
         self._lam = 1.0
 
     def apply(self, x: Tensor, target: Tensor, num_classes: int, trainer: pl.Trainer) -> tuple[Tensor, Tensor]:
-        rng = self.batch_random(trainer)
-        rng.random()  # the draw that decided `p`, so lam does not depend on whether p < 1
+        rng = self.technique_random(trainer)  # past the draw that decided `p`
         self._lam = sample_lambda(self.alpha, rng)
         perm = sample_permutation(x.shape[0], x.device, rng)
         return mix(x, target, self._lam, perm, num_classes)
