@@ -53,6 +53,21 @@ class RepeatPart:
     length: int
     source: str
 
+    def __post_init__(self) -> None:
+        # Whole-number factors round to themselves: each epoch's counts are known without a draw, and all ones
+        # (a threshold that repeats no class) is the plain shuffle. The same lists as rounding them each epoch.
+        whole = bool(np.all(self.factors == np.floor(self.factors)))
+        self.fixed_counts: np.ndarray | None = self.factors.astype(np.int64) if whole else None
+        self.all_ones = whole and bool(np.all(self.factors == 1.0))
+
+    def counts(self, epoch: int) -> np.ndarray | None:
+        """How often each sample appears in ``epoch`` (``None``: once each)."""
+        if self.all_ones:
+            return None
+        if self.fixed_counts is not None:
+            return self.fixed_counts
+        return fs.repeat_factor_counts(self.factors, seed=self.seed, epoch=epoch)
+
 
 @dataclass
 class CurriculumPart:
@@ -136,9 +151,7 @@ class SamplingPlan:
         if n == 0:
             raise ValueError("The training dataset is empty.")
         shard = {"rank": rank, "num_replicas": num_replicas}
-        counts = None
-        if self.repeat is not None:
-            counts = fs.repeat_factor_counts(self.repeat.factors, seed=self.repeat.seed, epoch=epoch)
+        counts = self.repeat.counts(epoch) if self.repeat is not None else None
         cur = self.curriculum
         if cur is None:
             return fs.shuffled_epoch(n, total, seed=self.shuffle_seed, epoch=epoch, counts=counts, **shard)

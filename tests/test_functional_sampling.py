@@ -394,3 +394,17 @@ def test_rank_and_num_replicas_are_checked():
         fs.shard(np.arange(3), 0, 0)
     with pytest.raises(ValueError, match="`num_replicas` must be >= 1"):
         fs.curriculum_epoch(np.arange(10), np.array([5, 5]), 4, 8, seed=0, epoch=0, num_replicas=0)
+
+
+@pytest.mark.parametrize(
+    "factors", [[1.0] * 50, [1.0] * 40 + [2.0] * 10, [1.0] * 40 + [1.7] * 10, [0.0] * 5 + [1.0] * 45]
+)
+def test_a_plan_gives_the_epoch_lists_of_rounding_its_factors_each_epoch(factors):
+    factors = np.array(factors)
+    plan = SamplingPlan(num_samples=len(factors), seed=3)
+    plan.add_repeat_factors(factors, seed=3)  # whole-number factors take a shortcut: no draw, or no counts at all
+    for epoch in range(3):
+        counts = fs.repeat_factor_counts(factors, seed=3, epoch=epoch)
+        expected = fs.shuffled_epoch(len(factors), plan.length, seed=3, epoch=epoch, counts=counts)
+        np.testing.assert_array_equal(plan.epoch_indices(epoch), expected)
+        np.testing.assert_array_equal(plan.epoch_indices(epoch, rank=1, num_replicas=2), expected[1::2])

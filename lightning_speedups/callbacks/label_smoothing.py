@@ -166,8 +166,9 @@ class LabelSmoothing(TargetTransformCallback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._check_loss_called()
-        self._restore()
+        if self.method == "loss":
+            self._check_loss_called()
+            self._restore()
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
