@@ -176,6 +176,8 @@ class BatchFields:
 
 
 def _same_place(batch: Any, a: Key, b: Key) -> bool:
+    if _is_namedtuple(batch):  # a field by name or by index
+        a, b = (batch._fields.index(k) if isinstance(k, str) and k in batch._fields else k for k in (a, b))
     if isinstance(a, int) and isinstance(b, int) and isinstance(batch, list | tuple) and batch:
         return a % len(batch) == b % len(batch)
     return a == b
@@ -237,6 +239,9 @@ def _write(batch: Any, updates: dict[Key, Any]) -> Any:
             return new_list
         return type(batch)(items)
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        if hasattr(type(batch), "__post_init__"):
+            # its `__post_init__` may derive fields from the ones replaced (or check them): build it anew
+            return dataclasses.replace(batch, **updates)
         # a shallow copy, not dataclasses.replace: that would reset `field(init=False)` values and drop
         # attributes set after construction; object.__setattr__ also writes frozen dataclasses
         try:

@@ -181,7 +181,8 @@ def dataset_labels(dataset: Dataset) -> np.ndarray | Sequence[Any] | None:
         parts = [dataset_labels(d) for d in dataset.datasets]
         if any(p is None for p in parts):
             return None
-        arrays = [np.asarray(p) for p in parts if isinstance(p, np.ndarray | Tensor)]
+        # an (N, 1) integer column is class ids (as the labels' docs say): compare it as (N,)
+        arrays = [_id_column_as_ids(np.asarray(p)) for p in parts if isinstance(p, np.ndarray | Tensor)]
         if len(arrays) == len(parts):
             # ids (N,) or multi-hot rows (N, C): concatenated as one array, so multi-hot rows stay multi-hot (a
             # list of rows would be read as lists of class ids)
@@ -201,6 +202,11 @@ def dataset_labels(dataset: Dataset) -> np.ndarray | Sequence[Any] | None:
             )
         return [label for p in parts for label in p]  # type: ignore[union-attr]
     return None
+
+
+def _id_column_as_ids(labels: np.ndarray) -> np.ndarray:
+    integral = np.issubdtype(labels.dtype, np.integer)
+    return labels[:, 0] if labels.ndim == 2 and labels.shape[1] == 1 and integral else labels
 
 
 def default_num_workers(dataset: Dataset, processes_per_node: int = 1) -> int:

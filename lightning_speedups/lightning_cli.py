@@ -116,8 +116,12 @@ class SpeedupCLI(LightningCLI):
             # Lightning adds these after: the parser's callback arguments and the script's `trainer_defaults`
             extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
             default = self.trainer_defaults.get("callbacks") or []
-            users = [*existing, *extra, *(default if isinstance(default, list) else [default])]
-            kwargs["callbacks"] = [*existing, *presets._replace_by_users(name, recipe.callbacks, users)]
+            later = [*extra, *(default if isinstance(default, list) else [default])]
+            # a config's callback of a preset's class takes that callback's slot (batch transforms run in callback
+            # order); one that Lightning adds after (`later`) just drops it
+            merged, placed = presets._put_users_in_place(name, recipe.callbacks, existing)
+            merged = presets._replace_by_users(name, merged, [c for c in later if c is not None])
+            kwargs["callbacks"] = [*(c for c in existing if not any(c is p for p in placed)), *merged]
         return super().instantiate_trainer(**kwargs)
 
 

@@ -103,8 +103,31 @@ class Recipe:
             strategy=settings.get("strategy", "auto"),
         )
         users = _as_callback_list(kwargs.get("callbacks"))
-        settings["callbacks"] = [*_replace_by_users(self.name, self.callbacks, users), *users]
+        merged, placed = _put_users_in_place(self.name, self.callbacks, users)
+        settings["callbacks"] = [*merged, *(u for u in users if not any(u is p for p in placed))]
         return pl.Trainer(**settings)
+
+
+def _put_users_in_place(
+    name: str, preset_callbacks: Sequence[Callback], users: Sequence[Callback]
+) -> tuple[list[Callback], list[Callback]]:
+    """The preset's callbacks with each one of a class that ``users`` has too replaced, in its slot, by the user's
+    (batch transforms run in callback order, so the replacement keeps the preset's order); and the user callbacks
+    so placed. Each replacement is logged on rank zero."""
+    merged: list[Callback] = []
+    placed: list[Callback] = []
+    for callback in preset_callbacks:
+        mine = next((u for u in users if isinstance(u, type(callback)) and not any(u is p for p in placed)), None)
+        if mine is None:
+            merged.append(callback)
+            continue
+        if mine is not callback:
+            rank_zero_info(
+                f"Preset {name!r}: your {type(mine).__name__} replaces the preset's {type(callback).__name__}."
+            )
+        merged.append(mine)
+        placed.append(mine)
+    return merged, placed
 
 
 def _replace_by_users(name: str, preset_callbacks: Sequence[Callback], users: Sequence[Callback]) -> list[Callback]:

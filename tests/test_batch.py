@@ -174,3 +174,27 @@ def test_dataclass_batch_keeps_init_false_fields_and_later_attributes():
     new = BatchFields().replace(batch, input=torch.ones(2, 3))
     assert type(new) is Tagged and new.ids == [7, 8] and new.source == "shard-3"
     assert new.x.sum() == 6 and batch.x.sum() == 0 and new.y is batch.y  # the original untouched
+
+
+def test_namedtuple_input_key_at_the_default_targets_field_is_an_error():
+    from collections import namedtuple
+
+    P = namedtuple("P", ["x", "y"])
+    with pytest.raises(BatchFieldError, match="both read from"):
+        BatchFields(input_key=1).get(P(torch.zeros(2, 3), torch.tensor([0, 1])))
+
+
+def test_a_dataclass_with_post_init_is_built_anew_so_derived_fields_follow():
+    from dataclasses import field
+
+    @dataclass
+    class Derived:
+        image: torch.Tensor
+        label: torch.Tensor
+        height: int = field(init=False)
+
+        def __post_init__(self):
+            self.height = int(self.image.shape[-1])
+
+    new = BatchFields().replace(Derived(torch.zeros(2, 3, 8, 8), torch.tensor([0, 1])), input=torch.zeros(2, 3, 4, 4))
+    assert new.height == 4

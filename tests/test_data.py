@@ -267,3 +267,12 @@ def test_an_iterable_dataset_is_refused_with_a_message():
     dm.setup("fit")
     with pytest.raises(TypeError, match="needs a map-style dataset; got the IterableDataset Stream"):
         dm.train_dataloader()
+
+
+def test_an_id_column_part_and_an_ids_part_of_a_concat_are_ids():
+    from lightning_speedups.data import dataset_labels
+
+    column = TensorDataset(torch.zeros(3, 1), torch.tensor([[0], [1], [2]]))
+    ids = TensorDataset(torch.zeros(2, 1), torch.tensor([3, 1]))
+    labels = dataset_labels(torch.utils.data.ConcatDataset([column, ids]))
+    assert np.asarray(labels).tolist() == [0, 1, 2, 3, 1]

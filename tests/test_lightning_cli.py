@@ -150,11 +150,13 @@ def test_a_users_callback_of_a_presets_class_replaces_the_presets_in_the_cli(mon
         trainer_defaults={"callbacks": [LabelSmoothing(0.05)]},
     )
     ours = [cb for cb in c.trainer.callbacks if type(cb).__module__.startswith("lightning_speedups")]
-    assert [type(cb) for cb in ours] == [MixUp, ProgressiveResizing, LinearScalingWarmup, LabelSmoothing]
-    assert ours[0].alpha == 0.4 and ours[-1].smoothing == 0.05
+    # the command line's MixUp takes the preset's slot; the script's default LabelSmoothing, which Lightning adds
+    # at the end, drops the preset's
+    assert [type(cb) for cb in ours] == [ProgressiveResizing, MixUp, LinearScalingWarmup, LabelSmoothing]
+    assert ours[1].alpha == 0.4 and ours[-1].smoothing == 0.05
     assert infos == [
-        "Preset 'vision-medium': your LabelSmoothing replaces the preset's LabelSmoothing.",
         "Preset 'vision-medium': your MixUp replaces the preset's MixUp.",
+        "Preset 'vision-medium': your LabelSmoothing replaces the preset's LabelSmoothing.",
     ]
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_speedups import LabelSmoothing, MixUp, cli, presets
+from lightning_speedups import LabelSmoothing, MixUp, ProgressiveResizing, cli, presets
 from lightning_speedups.presets import Preset, UnknownPresetError, declarative, register_preset
 
 
@@ -250,17 +250,26 @@ def test_a_users_callback_of_a_presets_class_replaces_the_presets(infos):
     mine = MixUp(alpha=0.4, p=0.9)
     trainer = recipe.trainer(callbacks=[mine], logger=False, enable_checkpointing=False)
     ours = [cb for cb in trainer.callbacks if type(cb).__module__.startswith("lightning_speedups")]
-    assert [type(cb).__name__ for cb in ours] == [
+    assert [type(cb).__name__ for cb in ours] == [  # in the preset's slot: batch transforms run in this order
         "ProgressiveResizing",
         "LabelSmoothing",
-        "LinearScalingWarmup",
         "MixUp",
+        "LinearScalingWarmup",
     ]
     assert [cb for cb in ours if isinstance(cb, MixUp)] == [mine]
     assert infos == ["Preset 'vision-medium': your MixUp replaces the preset's MixUp."]
     # same arguments as the preset's: Lightning refused the pair ("more than one stateful callback")
     trainer = recipe.trainer(callbacks=LabelSmoothing(0.1), logger=False, enable_checkpointing=False)
     assert len([cb for cb in trainer.callbacks if isinstance(cb, LabelSmoothing)]) == 1
+
+
+def test_a_replacing_crop_keeps_the_presets_place_before_cutmix(infos):
+    recipe = presets.get("vision-aggressive", accelerator="cpu")
+    crop = ProgressiveResizing(0.5, mode="crop")
+    trainer = recipe.trainer(callbacks=[crop], logger=False, enable_checkpointing=False)
+    names = [type(cb).__name__ for cb in trainer.callbacks]
+    assert names.index("ProgressiveResizing") < names.index("CutMix") and crop in trainer.callbacks
+    crop._check_order(trainer)  # the crop-after-CutMix check passes: nothing to reorder for the user
 
 
 def test_several_devices_with_a_batch_size_finder_is_refused_up_front():

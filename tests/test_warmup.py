@@ -588,6 +588,25 @@ def test_a_run_resumed_mid_warmup_continues_the_same_sequence(tmp_path, amp):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("old_format", [False, True], ids=["checkpoint", "checkpoint-before-fraction-shares"])
+def test_a_fraction_warmup_resumed_mid_warmup_continues_the_same_sequence(tmp_path, old_format):
+    def warmup():
+        return LinearScalingWarmup(8, warmup=0.75, warmup_unit="fraction")  # 9 of the run's 12 updates
+
+    full = run_resumable(tmp_path, [warmup()], save_every=5)
+    path = tmp_path / "epoch=1-step=5.ckpt"
+    if old_format:  # as an earlier version wrote it: no unit, and the fraction's shares never advanced
+        ckpt = torch.load(path, weights_only=False)
+        state = ckpt["callbacks"]["LinearScalingWarmup"]
+        state.pop("warmup_done_unit")
+        state["warmup_done"] = [0.0]
+        torch.save(ckpt, path)
+    resumed = run_resumable(tmp_path / "resumed", [warmup()], ckpt_path=str(path))
+    assert resumed.used == pytest.approx(full.used[5:], rel=1e-12)
+    factors = [u / lr for u, lr in zip(full.used, scheduled_lrs("cosine", 12), strict=True)]
+    assert factors == pytest.approx([1 + u / 9 for u in range(9)] + [2.0] * 3)  # mid-ramp at the checkpoint
+
+
 class ResumableAccumulationScheduler(GradientAccumulationScheduler):
     """Lightning's scheduler sets its factor only in `on_train_epoch_start`, which Lightning (2.6) skips for the
     epoch a checkpoint saved at a batch end resumes in: the resumed epoch would accumulate 1 batch, not 2."""

@@ -259,6 +259,7 @@ class LinearScalingWarmup(SpeedupCallback):
             **super().state_dict(),
             "updates": list(self._updates) if self._updates is not None else None,
             "warmup_done": list(self._done) if self._done is not None else None,
+            "warmup_done_unit": self.warmup_unit,  # the unit whose shares `warmup_done` tracked
             "initial_reference": self._initial_reference,
         }
 
@@ -269,6 +270,11 @@ class LinearScalingWarmup(SpeedupCallback):
         done = state_dict.get("warmup_done")
         self._done = [float(d) for d in done] if done is not None else None
         if self._done is not None and (self._updates is None or len(self._done) != len(self._updates)):
+            self._done = None
+        # Checkpoints written before the fraction unit tracked its shares (no `warmup_done_unit`) kept 0 there,
+        # and a run resumed with another unit has other shares: work them out from the updates instead.
+        tracked = state_dict.get("warmup_done_unit", "epochs")
+        if tracked != self.warmup_unit:
             self._done = None
         if state_dict.get("initial_reference") is not None:
             self._initial_reference = int(state_dict["initial_reference"])
