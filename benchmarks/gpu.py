@@ -6,10 +6,12 @@ Two measurements, each over real ``Trainer.fit`` runs, the variants taking turns
    (``ProgressiveResizing`` holding the scale, ``mode="resize"``), against the FLOPs ratio of the forward and
    backward pass (``torch.utils.flop_counter``). Goal (issue 7): at scale 0.5, at least 80% of the FLOPs ideal,
    i.e. ``throughput(0.5) / throughput(1.0) >= 0.8 * FLOPs(1.0) / FLOPs(0.5)``.
-2. **Callback overhead**: the median step time with each callback (active) against a plain Trainer (the
-   samplers' cost is on the CPU, building index lists, and is measured in the CPU sections).
+2. **Callback overhead**: the median step time with each callback against a plain Trainer: MixUp, CutMix,
+   LabelSmoothing and LinearScalingWarmup active; ``DropoutRemoval(1.0)`` inactive (``start=1.0``, and ResNet-18
+   has no dropout), so its row is the cost of carrying the callback (the samplers' cost is on the CPU, building
+   index lists, and is measured in the CPU sections).
 3. **Digits time to accuracy** on the GPU: ``benchmarks/time_to_accuracy.py``'s digits task and protocol with
-   ``accelerator="gpu"`` (vision-mild only in quick mode), the device recorded.
+   ``accelerator="gpu"`` (vision-mild only in quick mode), the device and the precision used recorded.
 
 The data is ``torchvision.datasets.FakeData`` (random images made in memory; nothing is downloaded), decoded
 once to a pinned ``uint8`` ``TensorDataset`` (a quarter of float32's transfer) and turned into floats on the GPU
@@ -40,6 +42,8 @@ if str(ROOT) not in sys.path:
 from benchmarks import common  # noqa: E402
 
 COMMAND = "PYTHONPATH=. python benchmarks/gpu.py"
+#: the overhead table's row for DropoutRemoval, which never acts here (``start=1.0``; ResNet-18 has no dropout)
+DROPOUT_ROW = "DropoutRemoval(1.0) (inactive: start 1.0, and ResNet-18 has no dropout)"
 SCALES = (0.5, 0.75, 1.0)
 GOAL_EFFICIENCY = 0.8
 
@@ -161,6 +165,7 @@ def measure(quick: bool, batch_size: int = 128, steps: int | None = None) -> dic
         ProgressiveResizing,
     )
 
+    info = common.machine()  # before the fits: its load average is the one at the start
     warnings.filterwarnings("ignore")
     torch.backends.cudnn.benchmark = True
     steps = steps or (30 if quick else 80)
@@ -174,7 +179,7 @@ def measure(quick: bool, batch_size: int = 128, steps: int | None = None) -> dic
             "MixUp": lambda: [MixUp(0.2, num_classes=1000)],
             "CutMix": lambda: [CutMix(1.0, num_classes=1000)],
             "LabelSmoothing": lambda: [LabelSmoothing(0.1, num_classes=1000)],
-            "DropoutRemoval (nothing to remove)": lambda: [DropoutRemoval(1.0)],
+            DROPOUT_ROW: lambda: [DropoutRemoval(1.0)],
             "LinearScalingWarmup (warming up)": lambda: [LinearScalingWarmup(batch_size // 2, 1.0, "fraction")],
         }
     )
@@ -184,7 +189,7 @@ def measure(quick: bool, batch_size: int = 128, steps: int | None = None) -> dic
             times[name].append(fit_steps(variants[name](), loader, steps, warmup))
     step = {k: statistics.median(v) for k, v in times.items()}
     return {
-        "machine": common.machine(),
+        "machine": info,
         "batch_size": batch_size,
         "steps": steps,
         "rounds": rounds,
@@ -221,7 +226,7 @@ def render(results: dict[str, Any], command: str) -> str:
                 ["scale", "images/s", "step (ms)", "speed-up", "FLOPs ideal", "of the ideal"], rows, "rrrrrr"
             ),
             "",
-            common.markdown_table(["callback (active)", "step (ms)", "vs plain"], over, "lrr"),
+            common.markdown_table(["callback (active unless marked)", "step (ms)", "vs plain"], over, "lrr"),
             "",
             common.goal_marker(
                 "ProgressiveResizing throughput ≥ 80% of the FLOPs ideal at scale 0.5 on GPU",
@@ -243,9 +248,10 @@ def not_run(reason: str) -> str:
             common.command_block(COMMAND),
             "",
             "It measures progressive-resizing throughput at scales 0.5 / 0.75 / 1.0 against the FLOPs ideal, "
-            "the step-time overhead of MixUp, CutMix, LabelSmoothing, DropoutRemoval and LinearScalingWarmup "
-            "against a plain Trainer (ResNet-18, batch 128, `bf16-mixed`, `channels_last`, "
-            "`torchvision.datasets.FakeData`), and the digits time to accuracy trained on the GPU.",
+            "the step-time overhead of MixUp, CutMix, LabelSmoothing and LinearScalingWarmup (active) and of "
+            "DropoutRemoval (inactive: ResNet-18 has no dropout) against a plain Trainer (ResNet-18, batch 128, "
+            "`bf16-mixed`, `channels_last`, `torchvision.datasets.FakeData`), and the digits time to accuracy "
+            "trained on the GPU.",
             "",
             common.goal_marker(
                 "ProgressiveResizing throughput ≥ 80% of the FLOPs ideal at scale 0.5 on GPU",
@@ -260,8 +266,12 @@ def not_run(reason: str) -> str:
 def digits(quick: bool) -> str:
     """The digits time-to-accuracy table, trained on the GPU."""
     from benchmarks import time_to_accuracy as tta
+    from lightning_speedups import presets
 
     only = ["vision-mild"] if quick else None
+    info = common.machine()  # before the runs: its load average is the one at the start
+    # the precision compare._run gives every arm (run_task passes no preset Trainer settings)
+    precision = presets.recommended_precision("gpu")
     result = tta.run_task(tta.TASKS["digits"], seeds=tta.SEEDS, only=only, accelerator="gpu")
     table, _ = tta.task_table(result)
     return "\n".join(
@@ -273,9 +283,9 @@ def digits(quick: bool) -> str:
                 + (" --only vision-mild" if quick else "")
             ),
             "",
-            common.machine_line(common.machine()),
+            common.machine_line(info),
             f"- The CPU section's protocol and task ({tta.SEEDS} seeds, rotated arms, equal-budget control), "
-            f"trained on the GPU in 32-bit. Target {result['target']:.4f}.",
+            f"trained on the GPU, precision `{precision}` for every arm. Target {result['target']:.4f}.",
             "",
             table,
         ]

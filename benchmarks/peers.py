@@ -235,7 +235,8 @@ def render(results: dict[str, Any], quick: bool, command: str) -> str:
         "partners' hard labels, so the compared call adds the soft targets (the op alone is listed too); "
         f"Composer's crop is one window for the batch (a view), ours one per sample (a copy). MixUp alpha "
         f"{MIX_ALPHA:g}; CutMix alpha {CUT_ALPHA:g}, so that lam is about 0.5 for every implementation and each "
-        "call pastes a box of about the same size (the work grows with the box; its position stays random).",
+        "call's box is about half the image before clipping at the borders (the same clipping for every "
+        "implementation; the work grows with the box, and its position stays random).",
         "",
     ]
     goals = []

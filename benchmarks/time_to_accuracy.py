@@ -300,8 +300,8 @@ def section(quick: bool, out_dir: Path) -> str:
     out_dir.mkdir(parents=True, exist_ok=True)
     # quick: a few minutes that still exercise the protocol (three seeds, a control in the rotation), digits only
     only, tasks = (["vision-mild"], [TASKS["digits"]]) if quick else (None, list(TASKS.values()))
+    machine = common.machine_line(common.machine()).removeprefix("- ")  # the load average before the runs
     results = [run_task(t, seeds=SEEDS, only=only) for t in tasks]
-    machine = common.machine_line().removeprefix("- ")
     lines = [
         "## Time to accuracy (CPU)",
         "",

@@ -208,7 +208,7 @@ def test_time_to_accuracy_rotates_the_controls_after_seed_zero(monkeypatch):
 
 def test_gpu_digits_section_runs_the_time_to_accuracy_task_on_the_gpu(monkeypatch):
     from benchmarks import gpu
-    from lightning_speedups import compare
+    from lightning_speedups import compare, presets
     from lightning_speedups.meter import Checkpoint
 
     accelerators: set[str] = set()
@@ -225,6 +225,7 @@ def test_gpu_digits_section_runs_the_time_to_accuracy_task_on_the_gpu(monkeypatc
     assert accelerators == {"gpu"}
     assert "Digits time to accuracy on the GPU" in text and "--accelerator gpu --only vision-mild" in text
     assert "vision-mild" in text and "Target 0.9000" in text
+    assert "32-bit" not in text and f"precision `{presets.recommended_precision('gpu')}`" in text
 
 
 def test_goal_marker_outcome_overrides_the_label_in_the_summary():
@@ -257,5 +258,29 @@ def test_overhead_dispatch_and_notes_render():
     text = overhead.notes(failed, plain, alone, loop)
     assert "{" not in text and "Lightning's dispatch" in text and "µs alone" in text
     assert "took 2.0x to 2.0x its time alone in this run" in text
-    assert "Its largest parts per step (µs): transform_batch 40, on_train_batch_end 2, pre_step 1." in text
-    assert "whose key formats their settings (MixUp, CutMix, LabelSmoothing, DropoutRemoval) pay" in text
+    assert "Its largest parts per step (µs): transform_batch 40, on_train_batch_end 2, pre_step 1; " in text
+    assert "Lightning's dispatch 10.0." in text
+    assert "`SpeedupCallback` works its key out once per fit" in text and "whose key formats" not in text
+    # the threshold is rounded up to one decimal: 60 µs per step is under 1% of any step longer than 6.0 ms
+    assert "under 1% of any step longer than 6.0 ms" in text
+    assert overhead._ceil_ms(4.44e-3) == "4.5" and overhead._ceil_ms(4.4e-3) == "4.4"
+    # a sampler's per-epoch work is shared over the epoch's batches in the fallback "why"
+    sampler = {**loop["RepeatFactorSampling (active)"], "epoch_ours": 300e-6, "epoch_hooks": 20e-6, "batches": 25.0}
+    why = overhead.notes([("RepeatFactorSampling (active)", sampler)], plain, alone, loop)
+    assert "per epoch 300 (the epoch list beyond the default shuffle's 280, epoch hooks 20)" in why
+    assert "over 25 batches: 12.0 per step; Lightning's dispatch 10.0." in why
+
+
+def test_overhead_plain_step_pools_both_plain_arms_and_marks_borderline_verdicts():
+    from benchmarks import overhead
+
+    vs = {v.name: v for v in overhead.variants()}
+    loop = {
+        "plain Trainer": {"variant": vs["plain Trainer"], "step": 3.0e-3, "steps": [2.9e-3, 3.0e-3, 3.1e-3]},
+        "plain, A/A": {"variant": vs["plain, A/A"], "step": 3.4e-3, "steps": [3.3e-3, 3.4e-3, 3.5e-3]},
+    }
+    assert overhead.plain_step(loop) == pytest.approx(3.2e-3)  # the median of all six, not 3.0e-3
+    clear = {"variant": vs["MixUp (active)"], "cost": 20e-6}
+    close = {"variant": vs["MixUp (active)"], "cost": 31e-6}  # met against 3.2 or 3.4 ms, not against 3.0 ms
+    assert overhead._verdict(close, overhead.plain_step(loop)) is True
+    assert not overhead.borderline(clear, loop) and overhead.borderline(close, loop)
