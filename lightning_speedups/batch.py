@@ -82,6 +82,11 @@ class BatchFields:
             raise ValueError(f"`input_key` and `target_key` are both {input_key!r}; they must differ.")
         self.input_key = input_key
         self.target_key = target_key
+        # Input and target can land on the same place only with one key given and the other by default (the
+        # defaults never collide: 0 and 1, or disjoint conventional names), or two int indices (-1 and 1 of a pair)
+        self._may_collide = (input_key is None) != (target_key is None) or (
+            isinstance(input_key, int) and isinstance(target_key, int)
+        )
         self.getter = getter
         self.setter = setter
 
@@ -130,6 +135,8 @@ class BatchFields:
     def _check_distinct(self, batch: Any, target_key: Key) -> None:
         # One key given, the other by default: both can land on the same place (input_key=1 on a list, whose
         # default target is 1), and the target would silently be the input.
+        if not self._may_collide:
+            return
         try:
             input_key = self._resolve(batch, "input")
         except BatchFieldError:

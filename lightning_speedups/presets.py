@@ -131,21 +131,10 @@ def _put_users_in_place(
 
 
 def _replace_by_users(name: str, preset_callbacks: Sequence[Callback], users: Sequence[Callback]) -> list[Callback]:
-    """The callbacks of preset ``name`` less those of a class that ``users`` (the user's callbacks) has too.
-
-    The user's explicit choice wins, as the command line does: two callbacks of a class would apply the technique
-    twice, or trip Lightning's "more than one stateful callback" check. Each replacement is logged on rank zero.
-    """
-    kept = []
-    for callback in preset_callbacks:
-        mine = next((u for u in users if isinstance(u, type(callback))), None)
-        if mine is None:
-            kept.append(callback)
-        elif mine is not callback:
-            rank_zero_info(
-                f"Preset {name!r}: your {type(mine).__name__} replaces the preset's {type(callback).__name__}."
-            )
-    return kept
+    """The callbacks of preset ``name`` less those of a class that ``users`` (the user's callbacks, which go
+    elsewhere in the list) has too; each replacement logged on rank zero, as by :func:`_put_users_in_place`."""
+    merged, placed = _put_users_in_place(name, preset_callbacks, users)
+    return [c for c in merged if not any(c is p for p in placed)]
 
 
 def _as_callback_list(callbacks: Callback | Sequence[Callback] | None) -> list[Callback]:

@@ -70,7 +70,7 @@ def _is_timm_smoothing_loss(m: nn.Module) -> bool:
     if isinstance(m, nn.CrossEntropyLoss | LightningModule):
         return False
     values = (getattr(m, "smoothing", None), getattr(m, "confidence", None))
-    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
+    if not all(_checks.is_real(v) for v in values):
         return False
     return abs(float(values[0]) + float(values[1]) - 1.0) < 1e-6
 
@@ -348,12 +348,10 @@ class TargetTransformCallback(SpeedupCallback):
         """Check the first training batch (values included, which costs one device sync, once)."""
         who = type(self).__name__
         x, target = self._read(batch)
-        fix_target, fix_input = (
-            ("`batch_getter`", "`batch_getter`")
-            if self.fields.getter is not None
-            else ("`target_key=`", "`input_key=`")
-        )
-        fix_keys = fix_input if self.fields.getter is not None else "`input_key` and `target_key`"
+        if self.fields.getter is not None:
+            fix_target = fix_input = fix_keys = "`batch_getter`"
+        else:
+            fix_target, fix_input, fix_keys = "`target_key=`", "`input_key=`", "`input_key` and `target_key`"
         if target is None:
             raise ValueError(
                 f"{who} found no target in the training batch ({type(batch).__name__}). Check {fix_target}."

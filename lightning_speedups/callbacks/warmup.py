@@ -529,6 +529,7 @@ class LinearScalingWarmup(SpeedupCallback):
                 "(`configure_optimizers` returned None or nothing). Return an optimizer from "
                 "`configure_optimizers`, or remove this callback."
             )
+        sizes = [len(o.param_groups) for o in optimizers]
         for ref in self.exclude_groups:
             i, j = ref if isinstance(ref, tuple) else (None, ref)
             if i is not None and i >= len(optimizers):
@@ -536,7 +537,6 @@ class LinearScalingWarmup(SpeedupCallback):
                     f"`exclude_groups` names optimizer {i} in {ref!r}, but there are {len(optimizers)} optimizer(s) "
                     f"(indices 0..{len(optimizers) - 1})."
                 )
-            sizes = [len(o.param_groups) for o in optimizers]
             if not warn_missing_groups:
                 continue
             if (i is not None and j >= sizes[i]) or (i is None and j >= max(sizes)):
