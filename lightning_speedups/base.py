@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
+from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler, StochasticWeightAveraging
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
@@ -67,6 +67,31 @@ def accumulation_schedule(trainer: pl.Trainer) -> tuple[tuple[int, int], ...]:
     return ()
 
 
+def training_epochs(trainer: pl.Trainer) -> int | None:
+    """``max_epochs`` less the epoch that ``StochasticWeightAveraging`` adds to a model with BatchNorm layers.
+
+    SWA raises the fit loop's ``max_epochs`` by one at fit start and spends that epoch re-estimating the
+    BatchNorm statistics of the averaged weights (forward passes, no backward, no update): not training, so
+    schedules end with the epoch before it.
+    """
+    max_epochs = trainer.max_epochs
+    if max_epochs is None or max_epochs < 0:
+        return max_epochs
+    for cb in trainer.callbacks:
+        if isinstance(cb, StochasticWeightAveraging) and cb._model_contains_batch_norm:
+            user_epochs = getattr(cb, "_max_epochs", -1)  # set at SWA's fit start, with the extra epoch
+            if user_epochs != -1:
+                return min(max_epochs, int(user_epochs))
+    return max_epochs
+
+
+def updating_batchnorm_only(trainer: pl.Trainer) -> bool:
+    """Whether the training loop skips the backward pass: ``StochasticWeightAveraging``'s last epoch, whose
+    forward passes only re-estimate BatchNorm statistics. Its batches should be the data as they come, not
+    mixed or resized."""
+    return bool(getattr(trainer.fit_loop, "_skip_backward", False))
+
+
 def run_length(
     trainer: pl.Trainer, *, from_epoch: int = 0, steps_before: int = 0, with_max_steps: bool = True
 ) -> float:
@@ -81,7 +106,7 @@ def run_length(
     """
     max_steps = trainer.max_steps if trainer.max_steps is not None and trainer.max_steps >= 0 else None
     bounded = math.inf if max_steps is None or not with_max_steps else float(max_steps)
-    max_epochs = trainer.max_epochs
+    max_epochs = training_epochs(trainer)
     if max_epochs is None or max_epochs < 0:
         return bounded
     if trainer.train_dataloader is None:

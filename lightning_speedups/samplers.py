@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 from torch.utils.data import Dataset, DistributedSampler
 
-from lightning_speedups.base import accumulation_schedule, cap_by_max_steps
+from lightning_speedups.base import accumulation_schedule, cap_by_max_steps, training_epochs
 from lightning_speedups.functional import sampling as fs
 
 if TYPE_CHECKING:
@@ -308,7 +308,7 @@ def step_clock(
     clock = fs.StepClock(batch_size * num_replicas, batches, accumulate, accumulate_from=schedule)
     # max_steps in this clock's unit (batches under manual optimization with several optimizers, whose every step
     # Lightning counts): the total the callbacks' own progress uses
-    max_epochs = trainer.max_epochs
+    max_epochs = training_epochs(trainer)
     total = math.inf if max_epochs is None or max_epochs == -1 else float(clock.first_step(max(max_epochs, 1)))
     return dataclasses.replace(clock, total_steps=cap_by_max_steps(trainer, total))
 

@@ -56,6 +56,10 @@ class BatchTransformSeam:
         if trainer.callbacks is not self._active_for:
             self._refresh_active()
         if stage is RunningStage.TRAINING:
+            if trainer.fit_loop._skip_backward:
+                # StochasticWeightAveraging's last epoch: forward passes that re-estimate the BatchNorm statistics
+                # of the averaged weights, on the data as validation will see it (not mixed, not resized)
+                return batch
             pl_module = trainer.lightning_module
             for callback in self._active:
                 batch = callback.transform_batch(trainer, pl_module, batch)

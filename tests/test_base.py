@@ -5,9 +5,17 @@ import warnings
 import pytest
 import torch
 from lightning.pytorch import seed_everything
-from lightning.pytorch.callbacks import GradientAccumulationScheduler, ModelCheckpoint
+from lightning.pytorch.callbacks import GradientAccumulationScheduler, ModelCheckpoint, StochasticWeightAveraging
+from torch import nn
 
-from lightning_speedups import MixUp, SpeedupCallback, SpeedupWarning, training_progress
+from lightning_speedups import (
+    LinearScalingWarmup,
+    MixUp,
+    ProgressiveResizing,
+    SpeedupCallback,
+    SpeedupWarning,
+    training_progress,
+)
 from tests.helpers import MemoryLogger, RecordingModule, image_tensors, loaders, trainer
 from tests.test_warmup import BothEveryBatch  # two optimizers, each stepping at every batch
 
@@ -301,3 +309,41 @@ def test_a_knob_that_is_not_a_number_is_named_in_the_error():
         trainer(callbacks=[Named()], max_steps=1, logger=MemoryLogger(), log_every_n_steps=1).fit(
             RecordingModule(), loaders("list")[0]
         )
+
+
+class BatchNormModule(RecordingModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(1, 4, 3, padding=1),
+            nn.BatchNorm2d(4),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(4, 4),
+        )
+
+
+def test_the_batchnorm_epoch_of_stochastic_weight_averaging_is_not_training():
+    """SWA adds an epoch to a model with BatchNorm (forward passes only, re-estimating the statistics): the
+    schedules end with the epochs the user asked for, and that epoch's batches come as they are."""
+    resizing = ProgressiveResizing(initial_scale=0.5, delay_fraction=0.5, finetune_fraction=0.2, size_increment=2)
+    warmup = LinearScalingWarmup(reference_batch_size=8, warmup=1.0, warmup_unit="fraction")
+    mixup = MixUp(alpha=0.2)
+    swa = StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2)
+    seen = []
+
+    class Record(SpeedupCallback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen.append((trainer.fit_loop._skip_backward, self.progress(trainer), batch[0].shape[-1], batch[1].dtype))
+
+    module = BatchNormModule()
+    trainer(max_epochs=3, callbacks=[resizing, warmup, mixup, Record(), swa]).fit(module, *loaders())
+    training = [s for s in seen if not s[0]]
+    swa_epoch = [s for s in seen if s[0]]
+    assert len(training) == 12 and len(swa_epoch) == 4
+    assert training[-1][1] == 1.0 and training[-1][2] == 8  # the run's end: full size (it was 0.75 and 6 px)
+    assert training[-3][1] < 1.0  # the progress of the user's 12 steps, not of 16
+    assert all(s[2] == 8 and s[3] == torch.int64 for s in swa_epoch)  # neither resized nor mixed
+    assert warmup.updates == [12]  # the BatchNorm epoch's update is not a warmup step
+    assert warmup.knobs()["factor"] == pytest.approx(2.0 * 11 / 12 + 1.0 / 12)  # the last ramp step, from 1 to 2

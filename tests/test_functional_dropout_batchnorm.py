@@ -296,3 +296,10 @@ def test_layers_without_running_statistics_are_skipped():
     assert torch.equal(net[1].running_mean, torch.ones(4))
     pool_batchnorm_statistics(net, lambda t: t, [net[0], net[1]])  # the identity: one process
     assert torch.equal(net[1].running_mean, torch.ones(4)) and net[0].running_mean is None
+
+
+def test_a_lazy_layer_before_its_first_batch_is_skipped():
+    net = nn.Sequential(nn.LazyBatchNorm1d(), nn.BatchNorm1d(4))
+    assert batchnorm_layers(net) == [net[1]]  # no statistics yet to copy or re-estimate
+    recalibrate_batchnorm(net, [torch.randn(8, 4)])  # the forward initialises it: no crash
+    assert batchnorm_layers(net) == [net[0], net[1]]

@@ -214,8 +214,11 @@ def test_integer_inputs_are_refused():
 def test_cutmix_needs_spatial_dims_and_bad_alpha():
     with pytest.raises(ValueError, match=r"\(N, C, \*spatial\)"):
         cutmix_batch(torch.zeros(4, 10), torch.arange(4), num_classes=4)
-    with pytest.raises(ValueError, match="alpha"):
-        sample_lambda(0.0)
+    for alpha in (0.0, float("nan"), float("inf")):  # NaN and inf would draw NaN weights, mixing a NaN batch
+        with pytest.raises(ValueError, match="alpha"):
+            sample_lambda(alpha)
+        with pytest.raises(ValueError, match="alpha"):
+            cutmix_batch(torch.rand(2, 1, 4, 4), torch.arange(2), alpha=alpha, num_classes=2)
     with pytest.raises(ValueError, match="smoothing"):
         smooth_labels(torch.arange(3), 1.0, num_classes=3)
 
@@ -232,10 +235,20 @@ def test_mix_of_a_non_contiguous_input_that_requires_grad_backpropagates(make):
     x, y, perm = make(), torch.tensor([0, 1, 2, 3]), torch.tensor([2, 0, 3, 1])
     mx, _ = mix(x, y, 0.3, perm, 4)
     assert torch.allclose(mx, 0.3 * x + 0.7 * x[perm])
+    assert mx.stride() == x.stride()  # the input's layout kept (a channels_last batch stays channels_last)
     mx.sum().backward()
     assert torch.allclose(x.grad, torch.ones_like(x))  # each sample weighs lam as itself, 1 - lam as a partner
     mixed = mixup_batch(make(), y, num_classes=4, generator=0)[0]
     assert mixed.requires_grad
+
+
+@pytest.mark.parametrize("lam", [-0.1, 1.5, float("nan")])
+def test_a_weight_outside_zero_one_is_refused(lam):
+    x, y, perm = torch.rand(2, 1, 4, 4), torch.tensor([0, 1]), torch.tensor([1, 0])
+    with pytest.raises(ValueError, match=r"`lam` must be a weight in \[0, 1\]"):
+        mix(x, y, lam, perm, 2)  # would give negative "probabilities"
+    with pytest.raises(ValueError, match=r"`lam` must be a weight in \[0, 1\]"):
+        cutmix_box((4, 4), lam, 0)
 
 
 def test_boxes_are_clipped_to_the_sample_and_take_none_bounds():

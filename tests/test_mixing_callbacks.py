@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_speedups import CutMix, LabelSmoothing, MixUp, SpeedupWarning, hard_labels
-from tests.helpers import NUM_CLASSES, RecordingModule, image_tensors, loaders, trainer, unpack
+from tests.helpers import NUM_CLASSES, MemoryLogger, RecordingModule, image_tensors, loaders, trainer, unpack
 
 C = NUM_CLASSES
 
@@ -665,3 +665,16 @@ def test_messages_name_batch_getter_for_getter_users():
         return [x, y]
 
     fit_expecting([MixUp(batch_getter=getter, batch_setter=setter)], r"found no target.*Check `batch_getter`")
+
+
+@pytest.mark.parametrize("make", [lambda: MixUp(p=0.5, seed=1), lambda: CutMix(p=0.5, seed=1)], ids=["mixup", "cutmix"])
+def test_the_logged_weight_is_one_on_batches_left_as_they_were(make):
+    callback, logger = make(), MemoryLogger()
+    trainer(callbacks=[callback], max_epochs=4, logger=logger, log_every_n_steps=1).fit(
+        RecordingModule(record=False), *loaders("list")
+    )
+    name = callback.log_name
+    applied, lam = dict(logger.history[f"{name}/applied"]), dict(logger.history[f"{name}/lam"])
+    assert set(applied.values()) == {0.0, 1.0}  # both kinds of batch were logged
+    assert all(lam[step] == 1.0 for step, a in applied.items() if not a)  # not the last mixed batch's weight
+    assert any(lam[step] < 1.0 for step, a in applied.items() if a)  # (a CutMix box may be clipped to nothing)

@@ -55,4 +55,5 @@ class MixUp(TargetTransformCallback):
         return mix(x, target, self._lam, perm, num_classes)
 
     def knobs(self) -> dict[str, float]:
-        return {**super().knobs(), "lam": self._lam}
+        # a batch left as it was (`applied` 0) has its own weight 1, not the last mixed batch's
+        return {**super().knobs(), "lam": self._lam if self._applied else 1.0}

@@ -16,7 +16,14 @@ from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 from lightning_speedups import _checks
 from lightning_speedups._rng import global_rng_kept
-from lightning_speedups.base import SpeedupCallback, accumulation, cap_by_max_steps, epoch_steps, run_length
+from lightning_speedups.base import (
+    SpeedupCallback,
+    accumulation,
+    cap_by_max_steps,
+    epoch_steps,
+    run_length,
+    training_epochs,
+)
 from lightning_speedups.batch import BatchFields, BatchGetter, BatchSetter, Key
 from lightning_speedups.functional.batchnorm import (
     batchnorm_layers,
@@ -395,7 +402,8 @@ class ProgressiveResizing(SpeedupCallback):
         """
         limit = trainer.limit_train_batches
         batches = min(loader_batches, int(limit)) if isinstance(limit, int) else int(loader_batches * limit)
-        max_epochs = trainer.max_epochs if trainer.max_epochs is not None else -1
+        max_epochs = training_epochs(trainer)
+        max_epochs = max_epochs if max_epochs is not None else -1
         total: float = math.inf if max_epochs == -1 else float(epoch_steps(trainer, batches, range(max(max_epochs, 1))))
         return batches, cap_by_max_steps(trainer, total)
 

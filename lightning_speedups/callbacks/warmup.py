@@ -14,7 +14,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from lightning_speedups import _checks
-from lightning_speedups.base import SpeedupCallback, accumulation, run_length, steps_per_batch
+from lightning_speedups.base import SpeedupCallback, accumulation, run_length, steps_per_batch, updating_batchnorm_only
 from lightning_speedups.functional.warmup import (
     SCALING_RULES,
     WARMUP_STARTS,
@@ -305,6 +305,8 @@ class LinearScalingWarmup(SpeedupCallback):
         # `in` compares by identity here (callbacks have no `__eq__`)
         if trainer is None or self not in trainer.callbacks:
             return None  # not our run: a BatchSizeFinder/LR-finder trial runs with other callbacks
+        if updating_batchnorm_only(trainer):
+            return None  # SWA's BatchNorm epoch: no gradients, accumulation over the whole epoch; not counted
         i = self._index(optimizer)
         if i is None:
             return None

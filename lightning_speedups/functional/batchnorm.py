@@ -16,13 +16,20 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.parameter import UninitializedBuffer
 
 #: ``forward(model, inputs)``: how to run the model on one calibration input.
 Forward = Callable[[nn.Module, Any], Any]
 
 
 def _has_statistics(bn: _BatchNorm) -> bool:
-    return bn.track_running_stats and bn.running_mean is not None and bn.running_var is not None
+    """Whether ``bn`` keeps running statistics that exist (a lazy layer before its first batch has none yet)."""
+    return (
+        bn.track_running_stats
+        and bn.running_mean is not None
+        and bn.running_var is not None
+        and not isinstance(bn.running_mean, UninitializedBuffer)
+    )
 
 
 def batchnorm_layers(model: nn.Module) -> list[_BatchNorm]:

@@ -99,8 +99,8 @@ def smooth_labels(target: Tensor, smoothing: float, num_classes: int | None = No
 
 def sample_lambda(alpha: float, generator: RandomState = None) -> float:
     """Draw ``lam ~ Beta(alpha, alpha)``, the mixing weight of Zhang et al. (2018)."""
-    if alpha <= 0:
-        raise ValueError(f"`alpha` must be > 0, got {alpha!r}.")
+    if not (math.isfinite(alpha) and alpha > 0):  # NaN and inf would draw NaN weights
+        raise ValueError(f"`alpha` must be a finite number > 0, got {alpha!r}.")
     return float(_rng(generator).beta(alpha, alpha))
 
 
@@ -114,13 +114,15 @@ def sample_permutation(n: int, device: torch.device | str = "cpu", generator: Ra
 def mix(x: Tensor, target: Tensor, lam: float, perm: Tensor, num_classes: int | None = None) -> tuple[Tensor, Tensor]:
     """MixUp with a given weight and partner: ``lam * a + (1 - lam) * a[perm]`` for inputs and targets."""
     _check_float_input(x, "mix")
+    _check_lambda(lam)
     probs = as_probabilities(target, num_classes)
     # In place on the fresh partner copy (never on `x`): one new buffer instead of two, the same values as
     # `torch.lerp(x[perm], x, lam)`; on CPU a large new buffer costs page faults, not only memory traffic.
     # A channels_last (or other non-default) layout is kept: `empty_like` copies it, and lerp stays fast.
-    # out= takes no part in autograd: a non-contiguous input that requires grad takes the plain path.
-    if x.is_contiguous() or x.requires_grad:
+    if x.is_contiguous():
         partner = x.index_select(0, perm)
+    elif x.requires_grad:  # out= takes no part in autograd; `x * lam` keeps x's layout, the sum is written into it
+        return x.mul(lam).add_(x.index_select(0, perm), alpha=1.0 - lam), probs.index_select(0, perm).lerp_(probs, lam)
     else:
         partner = torch.index_select(x, 0, perm, out=torch.empty_like(x))
     return partner.lerp_(x, lam), probs.index_select(0, perm).lerp_(probs, lam)
@@ -156,6 +158,7 @@ def cutmix_box(spatial_shape: Sequence[int], lam: float, generator: RandomState 
     centre (the box of Yun et al., 2019, for ``k = 2``). Clipping can make the region smaller, so the
     weight actually used must be recomputed with :func:`box_lambda`.
     """
+    _check_lambda(lam)
     rng = _rng(generator)
     ratio = (1.0 - lam) ** (1.0 / len(spatial_shape))
     slices = []
@@ -241,6 +244,11 @@ def cutmix_batch(
     perm = sample_permutation(x.shape[0], x.device, rng)
     out, probs, lam = cut_and_paste(x, target, box, perm, num_classes)
     return out, probs, lam, perm
+
+
+def _check_lambda(lam: float) -> None:
+    if not 0.0 <= lam <= 1.0:  # NaN fails this too
+        raise ValueError(f"`lam` must be a weight in [0, 1], got {lam!r}.")
 
 
 def _check_float_input(x: Tensor, op: str) -> None:

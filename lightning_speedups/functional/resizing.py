@@ -208,7 +208,10 @@ def check_image_batch(x: object, who: str = "resize") -> Tensor:
 
 
 def resize_images(x: Tensor, size: Size, interpolation: str = "bilinear", antialias: bool = True) -> Tensor:
-    """Resize ``(N, C, H, W)`` images to ``size``; ``antialias`` applies to bilinear and bicubic downsizing.
+    """Resize ``(N, C, H, W)`` images to ``size``; ``antialias`` applies to bilinear and bicubic.
+
+    As in torch and torchvision, antialiasing filters a downsized side; on an upsized side it changes only
+    bicubic's kernel (PIL's, ``a = -0.5``, instead of ``a = -0.75``).
 
     Returns ``x`` itself when it already has ``size``. ``"nearest"`` takes any dtype; bilinear and bicubic need
     floating-point images.
