@@ -62,7 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--metric", default="val_acc", help="validation metric logged by the model (default: val_acc)")
     cmp.add_argument("--seed", type=int, default=0, help="seed of the first repeat (default: 0)")
     cmp.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians reported (default: 3)")
-    cmp.add_argument("--output", type=Path, default=Path("compare-output"), help="directory for report and plot")
+    cmp.add_argument(
+        "--output",
+        type=Path,
+        default=Path("compare-output"),
+        help="directory for report and plot (default: compare-output)",
+    )
     cmp.add_argument("--no-budget-baseline", action="store_true", help="skip the equal-FLOPs baseline")
     cmp.add_argument("--no-progress", action="store_true", help="no progress bar")
 

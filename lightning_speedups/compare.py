@@ -208,6 +208,9 @@ def parse_callback(spec: str) -> Callback:
             kwargs[key.strip()] = ast.literal_eval(raw.strip())
         except (ValueError, SyntaxError):
             kwargs[key.strip()] = raw.strip()
+    problem = presets.unknown_arguments(cls, kwargs)
+    if problem:  # named after the class asked for, not the base class whose __init__ would refuse it
+        raise CompareError(f"--callback {spec!r}: {problem}")
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as err:

@@ -13,7 +13,8 @@ a preset callback's arguments from the command line::
     if __name__ == "__main__":
         SpeedupCLI(MyModel, MyData)
 
-    # shell
+and from the shell::
+
     python train.py fit --preset vision-mild --trainer.max_epochs 30
 
 The preset also brings its recommended precision (``bf16-mixed`` on GPUs with native bf16) and strategy (DDP on

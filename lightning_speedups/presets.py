@@ -26,7 +26,7 @@ import json
 import math
 import types
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -447,6 +447,18 @@ def _init_arguments(cls: type) -> list[str] | None:
     return None
 
 
+def unknown_arguments(cls: type, given: Iterable[str]) -> str | None:
+    """A message naming the arguments in ``given`` that ``cls(...)`` does not take (with the closest names and
+    the ones it takes); ``None`` when it takes them all, or when its arguments cannot be read."""
+    accepted = _init_arguments(cls)
+    wrong = sorted(set(given) - set(accepted or given))
+    if not wrong:
+        return None
+    close = {w: difflib.get_close_matches(w, accepted or [], n=1) for w in wrong}
+    hints = "".join(f" ({w!r}: did you mean {c[0]!r}?)" for w, c in close.items() if c)
+    return f"{cls.__name__} has no argument {', '.join(map(repr, wrong))}{hints}; it takes {', '.join(accepted or [])}."
+
+
 def declarative(
     name: str,
     summary: str,
@@ -477,15 +489,9 @@ def declarative(
                     f"it), e.g. {cls_name}={{...}}; got {change!r}."
                 )
             cls = resolve_callback_class(cls_name)
-            accepted = _init_arguments(cls)
-            wrong = sorted(set(change) - set(accepted or change))
-            if wrong:
-                close = {w: difflib.get_close_matches(w, accepted, n=1) for w in wrong}
-                hints = "".join(f" ({w!r}: did you mean {c[0]!r}?)" for w, c in close.items() if c)
-                raise TypeError(
-                    f"Preset {name!r}: {cls_name} has no argument {', '.join(map(repr, wrong))}{hints}; it takes "
-                    f"{', '.join(accepted or [])}."
-                )
+            problem = unknown_arguments(cls, change)
+            if problem:
+                raise TypeError(f"Preset {name!r}: {problem}")
             out.append(cls(**{**args, **change}))
         return out
 
@@ -595,7 +601,8 @@ register(
         "Cheaper early steps and softer targets: progressive resizing, label smoothing 0.1, LR scaling with warmup.",
         "Modelled on Composer's 'Mild' ResNet recipe (progressive resizing 0.5 -> 1.0 with its default schedule, "
         "label smoothing 0.1). Progressive resizing trains the first half at half size, so about half the model "
-        "compute is saved; label smoothing costs nothing per step. LinearScalingWarmup scales the learning rate "
+        "compute is saved; label smoothing adds a small fixed cost per batch and saves no FLOPs. "
+        "LinearScalingWarmup scales the learning rate "
         "with the global batch relative to the batch your script asks for on one device, so on one device it "
         "changes nothing and with N devices it ramps to N x over the first 5% of updates (Goyal et al.). "
         "Helps: convolutional classifiers whose accuracy survives low-resolution training. Hurts: models with "

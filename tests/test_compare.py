@@ -11,6 +11,7 @@ from lightning_speedups import presets
 from lightning_speedups.cli import main
 from lightning_speedups.compare import (
     CompareConfig,
+    CompareError,
     _median_to_target,
     _run,
     load_object,
@@ -233,6 +234,9 @@ def test_parse_callback():
     cb = parse_callback("MixUp:alpha=0.4,p=0.5,end=0.9")
     assert (cb.alpha, cb.p, cb.end) == (0.4, 0.5, 0.9)
     assert type(parse_callback("EarlyStopping:monitor=val_acc")).__name__ == "EarlyStopping"
+    # a misspelt argument: the class asked for is named (not the base class whose __init__ refuses it)
+    with pytest.raises(CompareError, match=r"MixUp has no argument 'alph' \('alph': did you mean 'alpha'"):
+        parse_callback("MixUp:alph=0.4")
 
 
 def test_presets_command(capsys):
