@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import (
     ConcatDataset,
@@ -28,6 +29,7 @@ from torch.utils.data import (
 )
 
 from lightning_speedups import _checks
+from lightning_speedups.base import SpeedupWarning
 
 
 @runtime_checkable
@@ -114,6 +116,7 @@ class ResumableDataLoader(DataLoader):
             "epoch": self._epoch_in_progress(trainer),
             "batches": batches,
             "epoch_done": int(batches >= trainer.num_training_batches),
+            "seed": dm._seed(),  # compared on resume: the order follows it
         }
 
     def _epoch_in_progress(self, trainer: pl.Trainer) -> int:
@@ -128,6 +131,16 @@ class ResumableDataLoader(DataLoader):
         # set_epoch: the sampler must be put on the right epoch here, or that iterator replays a stale one.
         if "epoch" not in state_dict:
             return
+        dm = self.speedups_datamodule
+        saved_seed = state_dict.get("seed")
+        if dm is not None and saved_seed is not None and int(saved_seed) != dm._seed():
+            rank_zero_warn(
+                f"The checkpoint's run shuffled its training data with seed {saved_seed}, this run with seed "
+                f"{dm._seed()}: the resumed run will not train on the batches the uninterrupted one would have. "
+                f"Call `seed_everything({saved_seed})` before `fit`, or pass `seed={saved_seed}` to "
+                f"{type(dm).__name__}.",
+                category=SpeedupWarning,
+            )
         done = bool(state_dict.get("epoch_done"))
         epoch = state_dict["epoch"] + 1 if done else state_dict["epoch"]
         if hasattr(self.sampler, "set_epoch"):
@@ -136,8 +149,6 @@ class ResumableDataLoader(DataLoader):
             return
         skip = getattr(self.sampler, "skip_next", None)
         if skip is None:
-            from lightning.pytorch.utilities import rank_zero_warn
-
             rank_zero_warn(
                 f"The training sampler {type(self.sampler).__name__} has no `skip_next`: a run resumed "
                 "mid-epoch restarts the epoch's data from its first batch."
@@ -377,16 +388,23 @@ class SpeedupDataModule(pl.LightningDataModule):
             drop_last=self.drop_last,
         )
 
-    def train_dataloader(self) -> DataLoader:
-        """The training loader: resumable mid-epoch, with the sampler from :meth:`train_sampler`."""
+    def indexed_train_dataset(self, who: str | None = None) -> Dataset:
+        """The training dataset, which must be map-style: the training loader and the sampling callbacks
+        (``who``) order samples by index. Raises a ``TypeError`` that says so for an ``IterableDataset``."""
         dataset = self.get_train_dataset()
         if isinstance(dataset, IterableDataset):
+            what = who or f"{type(self).__name__}'s training loader"
             raise TypeError(
-                f"{type(self).__name__}'s training loader orders samples by index (seeded shuffle, resumable "
-                f"loading, sampling callbacks), so it needs a map-style dataset; got the IterableDataset "
-                f"{type(dataset).__name__}. Give `train_dataset` `__len__` and `__getitem__`, or override "
-                "`train_dataloader` for a stream (without the sampling callbacks)."
+                f"{what} orders samples by index (seeded shuffle, resumable loading, sampling callbacks), so it "
+                f"needs a map-style dataset; got the IterableDataset {type(dataset).__name__}. Give "
+                "`train_dataset` `__len__` and `__getitem__`, or override `train_dataloader` for a stream "
+                "(without the sampling callbacks)."
             )
+        return dataset
+
+    def train_dataloader(self) -> DataLoader:
+        """The training loader: resumable mid-epoch, with the sampler from :meth:`train_sampler`."""
+        dataset = self.indexed_train_dataset()
         wrapped, sampler = dataset, self.train_sampler(dataset)
         for wrapper in self.trainer.callbacks if self.trainer is not None else []:
             if isinstance(wrapper, TrainDataWrapper):

@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset, DistributedSampler
 
-from lightning_speedups.base import accumulation_schedule, cap_by_max_steps, training_epochs
+from lightning_speedups.base import SpeedupWarning, accumulation_schedule, cap_by_max_steps, training_epochs
 from lightning_speedups.functional import sampling as fs
 
 if TYPE_CHECKING:
@@ -366,7 +367,17 @@ def check_plan_in_use(trainer: pl.Trainer, who: str) -> SamplingPlan:
         raise RuntimeError(
             f"{who} did not supply the training sampler: the training loader does not come from "
             "`SpeedupDataModule.train_dataloader()` (or its sampler from `train_sampler()`), so training would "
-            "run without it. Keep the SpeedupDataModule's `train_dataloader`, or build yours with "
-            "`sampler=self.train_sampler(dataset)`."
+            "run without it. Keep the SpeedupDataModule's `train_dataloader` (or return "
+            "`super().train_dataloader()` from yours), or build yours as "
+            "`lightning_speedups.data.ResumableDataLoader(dataset, sampler=self.train_sampler(dataset), "
+            "speedups_datamodule=self, ...)`: a plain DataLoader does not resume mid-epoch."
+        )
+    if not callable(getattr(trainer.train_dataloader, "state_dict", None)):
+        rank_zero_warn(
+            "The training loader uses the SpeedupDataModule's sampler but keeps no state in checkpoints (it is not "
+            "a `lightning_speedups.data.ResumableDataLoader`): a run resumed from a mid-epoch checkpoint would "
+            "train the epoch's first batches again instead of the rest. Return `super().train_dataloader()` from "
+            "your `train_dataloader`, or build a ResumableDataLoader.",
+            category=SpeedupWarning,
         )
     return plan

@@ -2,6 +2,7 @@
 
 import functools
 import operator
+import warnings
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import ConcatDataset, DistributedSampler, Sampler, TensorDataset
 
-from lightning_speedups import SpeedupDataModule
+from lightning_speedups import SpeedupDataModule, SpeedupWarning
 from lightning_speedups.data import EpochShuffleSampler, ResumableDataLoader, default_num_workers
 from tests.helpers import ImagesDataModule, IndexedImages, RecordingModule, trainer
 
@@ -179,6 +180,25 @@ def test_resume_mid_epoch_with_a_sampler_without_an_epoch_attribute(tmp_path):
     resumed = run(ckpt_path=str(tmp_path / "epoch=1-step=6.ckpt"))  # 4 batches per epoch: epoch 1, 2 batches in
     assert full.seen[2:4] != full.seen[6:]  # replaying epoch 0 would show
     assert resumed.seen == full.seen[6:]
+
+
+def test_resuming_with_another_shuffle_seed_is_warned_about(tmp_path):
+    """The order follows the datamodule's seed (``seed_everything``'s by default), which a checkpoint cannot
+    restore once the loader is built: a resumed script that seeds differently is told, with the seed to use."""
+
+    def run(seed, ckpt_path=None):
+        save = ckpt_path is None
+        extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)] if save else []
+        t = trainer(max_epochs=1, callbacks=extra, enable_checkpointing=save)
+        t.fit(IndexModule(), datamodule=IndexedDM(n=32, batch_size=8, seed=seed), ckpt_path=ckpt_path)
+
+    run(3)
+    ckpt = str(tmp_path / "epoch=0-step=2.ckpt")
+    with pytest.warns(SpeedupWarning, match=r"seed 3, this run with seed 4.*`seed_everything\(3\)`"):
+        run(4, ckpt)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "The checkpoint's run shuffled", SpeedupWarning)
+        run(3, ckpt)
 
 
 def test_metadata_defaults():

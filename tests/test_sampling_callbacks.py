@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import seed_everything
-from lightning.pytorch.callbacks import GradientAccumulationScheduler, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler, ModelCheckpoint
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_speedups import (
     CurriculumOrdering,
@@ -530,3 +530,54 @@ def test_needs_a_speedup_datamodule_and_a_run_length():
         model, datamodule=IndexDM(80)
     )
     assert len(model.seen) == 3
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter([(torch.zeros(1), torch.tensor(0))] * 8)
+
+
+class StreamDM(IndexDM):
+    def setup(self, stage):
+        self.train_dataset = Stream()
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: RepeatFactorSampling(labels=[[0]] * 8), lambda: CurriculumOrdering(difficulty=nan_scorer)]
+)
+def test_an_iterable_dataset_is_refused_with_the_reason(make):
+    callback = make()
+    with pytest.raises(TypeError, match=rf"{type(callback).__name__} orders samples by index .* map-style dataset"):
+        trainer(max_epochs=1, callbacks=[callback]).fit(IndexModel(8), datamodule=StreamDM(8))
+
+
+class SamplerOnPlainLoader(IndexDM):
+    def train_dataloader(self):
+        return DataLoader(self.train_dataset, batch_size=8, sampler=self.train_sampler(self.train_dataset))
+
+
+def test_a_plain_loader_around_our_sampler_is_warned_about():
+    """It samples right, but a mid-epoch resume would replay the epoch's first batches."""
+    with pytest.warns(SpeedupWarning, match="keeps no state in checkpoints"):
+        trainer(max_epochs=1, callbacks=[RepeatFactorSampling()]).fit(IndexModel(80), datamodule=SamplerOnPlainLoader())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "The training loader", SpeedupWarning)  # the datamodule's loader: none
+        trainer(max_epochs=1, callbacks=[RepeatFactorSampling()]).fit(IndexModel(80), datamodule=IndexDM(80))
+
+
+def test_scoring_leaves_the_global_random_generators_alone():
+    """A run scored by the model draws (dropout, augmentation, worker seeds) what it would with given scores."""
+
+    class State(Callback):
+        def on_train_start(self, trainer, pl_module):
+            self.state = torch.random.get_rng_state()
+
+    states = []
+    for difficulty in (np.arange(80.0), LossScore()):
+        seed_everything(0)
+        state = State()
+        trainer(max_epochs=1, callbacks=[CurriculumOrdering(difficulty=difficulty), state]).fit(
+            IndexModel(80), datamodule=IndexDM(80)
+        )
+        states.append(state.state)
+    assert torch.equal(states[0], states[1])

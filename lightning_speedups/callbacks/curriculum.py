@@ -14,6 +14,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
 from lightning_speedups import _checks
+from lightning_speedups._rng import global_rng_kept
 from lightning_speedups.base import SpeedupCallback, cap_by_max_steps, run_length
 from lightning_speedups.batch import BatchFields, Key
 from lightning_speedups.functional import sampling as fs
@@ -112,7 +113,7 @@ class CurriculumOrdering(SpeedupCallback):
         full_at: (Wu et al.'s pacings) fraction of the run's steps after which all data is available, > 0.
         growth: (``"fixed_exponential"``) factor by which the pool grows, > 1.
         step_length: (``"fixed_exponential"``) optimizer steps between growths, >= 1.
-        anti_curriculum: hardest samples first.
+        anti_curriculum: hardest samples first (with tasks: the whole order reversed, hardest task first).
         tasks: a task id per sample, an array or a callable taking the training dataset; ``None`` reads the
             datamodule's ``sample_tasks()`` (no tasks if it returns ``None``).
         task_order: task ids from easiest to hardest.
@@ -308,7 +309,9 @@ class CurriculumOrdering(SpeedupCallback):
         modes = {module: module.training for module in pl_module.modules()}  # frozen submodules stay frozen
         pl_module.eval()
         try:
-            with torch.no_grad(), trainer.precision_plugin.val_step_context():
+            # the loader's seed draw, the dataset's random transforms and the scorer must not move the global
+            # generators: the run after scoring draws what it would with an array of difficulties
+            with global_rng_kept(), torch.no_grad(), trainer.precision_plugin.val_step_context():
                 done = 0
                 for batch in loader:
                     batch = move_data_to_device(trainer.precision_plugin.convert_input(batch), pl_module.device)
@@ -366,8 +369,9 @@ class CurriculumOrdering(SpeedupCallback):
         datamodule = require_speedup_datamodule(trainer, self._who)
         # A new fit scores the model it starts from; a resumed one gets its saved scores back after setup.
         self.order, self.scores = None, None
+        dataset = datamodule.indexed_train_dataset(self._who)
         if not self.uses_scorer:  # bad scores fail here, before training; a scorer runs at fit start
-            self.compute_order(datamodule, datamodule.get_train_dataset(), datamodule_seed(datamodule))
+            self.compute_order(datamodule, dataset, datamodule_seed(datamodule))
         if self.pacing.needs_total_steps and trainer.max_steps == -1 and trainer.max_epochs in (None, -1):
             raise ValueError(
                 f"{self._who}(pacing={self.pacing.kind!r}) paces over the run's length, but the Trainer has no "

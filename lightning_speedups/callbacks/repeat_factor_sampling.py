@@ -197,7 +197,8 @@ class RepeatFactorSampling(SpeedupCallback):
         if stage != "fit":
             return
         datamodule = require_speedup_datamodule(trainer, type(self).__name__)
-        self.compute_factors(datamodule, datamodule.get_train_dataset())  # bad labels fail here, before training
+        dataset = datamodule.indexed_train_dataset(type(self).__name__)
+        self.compute_factors(datamodule, dataset)  # bad labels fail here, before training
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
