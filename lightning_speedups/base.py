@@ -312,8 +312,16 @@ class SpeedupCallback(Callback):
         if salt is None:
             # An instance draws from its class's stream; a second instance of the class in the same trainer from
             # its state key's (set in `setup`), so the two draw independently.
-            salt = self._salt_cache = zlib.crc32(type(self).__qualname__.encode())
+            salt = self._salt_cache = zlib.crc32(self._class_id().encode())
         return salt
+
+    def _class_id(self) -> str:
+        """The class's name in the salt: the shipped callbacks' bare names (their streams stay as they are), the
+        module too for any other class, so a user's ``MixUp`` or two packages' ``Noise`` draw independently."""
+        cls = type(self)
+        if cls.__module__.startswith("lightning_speedups."):
+            return cls.__qualname__
+        return f"{cls.__module__}.{cls.__qualname__}"
 
     def batch_random(self, trainer: pl.Trainer) -> BatchRandom:
         """This batch's draws, seeded by (seed, rank, batch index, callback class): what the built-in callbacks
@@ -346,10 +354,13 @@ class SpeedupCallback(Callback):
         """Current values of this callback's settings, for the loggers."""
         return {}
 
+    def _base_log_name(self) -> str:
+        return self.log_name or _snake(type(self).__name__)
+
     @property
     def _log_prefix(self) -> str:
-        prefix = self.log_name or _snake(type(self).__name__)
-        sibling = self.__dict__.get("_sibling_index", 0)
+        prefix = self._base_log_name()
+        sibling = self.__dict__.get("_log_index", 0)
         return f"{prefix}_{sibling + 1}" if sibling else prefix
 
     def log_now(self, trainer: pl.Trainer, knobs: Mapping[str, float] | None = None) -> None:
@@ -437,12 +448,15 @@ class SpeedupCallback(Callback):
         (``mixup``, ``mixup_2``, in callback order)."""
         siblings = [cb for cb in trainer.callbacks if type(cb) is type(self)]
         index = next((i for i, cb in enumerate(siblings) if cb is self), 0)
-        self._sibling_index = index
         if index > 0:  # the first draws what it would alone; each later one from its settings' own stream
             # (two instances with the same state key never get here: Lightning refuses them in `Trainer(...)`)
-            self._salt_cache = zlib.crc32(f"{type(self).__qualname__}#{self.state_key}".encode())
+            self._salt_cache = zlib.crc32(f"{self._class_id()}#{self.state_key}".encode())
         else:
             self.__dict__.pop("_salt_cache", None)
+        # in the logs, any callbacks that would log under one name (a subclass keeps its parent's `log_name`)
+        name = self._base_log_name()
+        namesakes = [cb for cb in trainer.callbacks if isinstance(cb, SpeedupCallback) and cb._base_log_name() == name]
+        self._log_index = next((i for i, cb in enumerate(namesakes) if cb is self), 0)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._leave_fit(trainer)

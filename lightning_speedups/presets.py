@@ -221,13 +221,23 @@ def _load_entry_points() -> None:
     problems: list[str] = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         where = f"preset entry point {ep.name!r} ({ep.value})"
+        before = dict(_REGISTRY)
         try:
             obj = ep.load()
         except Exception as err:
+            _REGISTRY.clear()  # a plug-in that failed half-way registers nothing
+            _REGISTRY.update(before)
             problems.append(f"Could not load {where}: {err}")
             continue
+        for name, preset in before.items():  # a plug-in's import may add presets, never replace one
+            if _REGISTRY.get(name) is not preset:
+                _REGISTRY[name] = preset
+                problems.append(f"Ignored the preset {name!r} that {where} registered: that name exists already.")
+        added = [preset for name, preset in _REGISTRY.items() if name not in before]
         if isinstance(obj, types.ModuleType):
             continue  # a module whose import registered its presets (`@register_preset`, `register`)
+        if callable(obj) and any(preset.factory is obj for preset in added):
+            continue  # a function that `@register_preset` registered as the module was imported
         if not isinstance(obj, Preset):
             problems.append(
                 f"Ignored {where}: it is a {type(obj).__name__}; name a `lightning_speedups.presets.Preset`, or a "

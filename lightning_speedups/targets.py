@@ -244,9 +244,11 @@ class TargetTransformCallback(SpeedupCallback):
         if self.hard_target_key is not None and self.transforms_batches:
             self._check_hard_target_order(trainer)
         self._checked_first_batch = False
+        self._fit_started = False
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_fit_start(trainer, pl_module)
+        self._fit_started = True
         # Here rather than in setup: the module's own `setup` and `configure_model` (which run after the callbacks'
         # `setup`) may be where its `num_classes` and its loss come from.
         self._classes = self.num_classes if self.num_classes is not None else infer_num_classes(trainer, pl_module)
@@ -255,6 +257,12 @@ class TargetTransformCallback(SpeedupCallback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
+        if self.__dict__.get("_fit_started") is False:
+            raise RuntimeError(
+                f"{type(self).__name__} overrides `on_fit_start` without calling "
+                "`super().on_fit_start(trainer, pl_module)`, where the number of classes is inferred and the loss "
+                "is checked: call it in the override."
+            )
         if self.transforms_batches and self.fields.getter is None:
             self._check_single_loader(trainer)
 

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import lightning_speedups
 from lightning_speedups import BatchFields, SpeedupCallback
 from tests.helpers import MemoryLogger, RecordingModule, loaders, trainer
 
@@ -90,3 +91,53 @@ def test_technique_random_is_not_the_coin_that_decided_p():
             draws.append(cb.technique_random(fake).random())
     assert 150 < len(draws) < 250
     assert max(draws) > 0.9 and 0.4 < sum(draws) / len(draws) < 0.6  # uniform, not below p like the coin
+
+
+class MixUp(lightning_speedups.MixUp):
+    """A user's own class with a shipped callback's name."""
+
+
+def _fake_trainer(batch: int):
+    from types import SimpleNamespace
+
+    from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+
+    progress = SimpleNamespace(total=SimpleNamespace(started=batch))
+    return SimpleNamespace(
+        global_rank=0,
+        fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)),
+        state=SimpleNamespace(stage=RunningStage.TRAINING, fn=TrainerFn.FITTING),
+    )
+
+
+def test_a_users_class_named_like_a_shipped_one_draws_its_own_stream():
+    ours, users = lightning_speedups.MixUp(seed=1), MixUp(seed=1)
+    draws = [
+        (ours.batch_random(_fake_trainer(b)).random(), users.batch_random(_fake_trainer(b)).random()) for b in range(8)
+    ]
+    assert all(a != b for a, b in draws)  # the same seed, not the same coins: the class's module tells them apart
+
+
+def test_a_subclass_that_keeps_its_parents_log_name_logs_beside_it():
+    class MyMixUp(lightning_speedups.MixUp):
+        pass
+
+    logger = MemoryLogger()
+    callbacks = [MyMixUp(end=0.5, seed=0), lightning_speedups.MixUp(start=0.5, seed=0)]
+    trainer(callbacks=callbacks, max_epochs=2, logger=logger, log_every_n_steps=1).fit(
+        RecordingModule(record=False), loaders("list")[0]
+    )
+    for name in ("mixup/applied", "mixup_2/applied"):
+        steps = [step for step, _ in logger.history[name]]
+        assert len(steps) == len(set(steps)) == 8  # one value per step and name: neither overwrites the other
+
+
+def test_an_on_fit_start_override_without_super_is_a_clear_error():
+    class NoSuperFitStart(lightning_speedups.MixUp):
+        def on_fit_start(self, trainer, pl_module):
+            self.ready = True  # forgot super().on_fit_start(...)
+
+    model = RecordingModule()
+    with pytest.raises(RuntimeError, match=r"NoSuperFitStart overrides `on_fit_start` without calling `super"):
+        trainer(callbacks=[NoSuperFitStart()], max_epochs=1).fit(model, loaders("list")[0])
+    assert not model.train_batches

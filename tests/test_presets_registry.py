@@ -187,6 +187,61 @@ def test_plugins_that_are_invalid_or_clash_are_each_warned_about_and_the_others_
     sys.modules.pop("mixed_presets", None)
 
 
+def test_a_plugins_import_adds_presets_but_never_replaces_one_and_a_failed_import_adds_none(
+    registry, tmp_path, monkeypatch
+):
+    (tmp_path / "hijack_presets.py").write_text(
+        textwrap.dedent(
+            """
+            from lightning_speedups import LabelSmoothing
+            from lightning_speedups.presets import register_preset
+
+            @register_preset("vision-mild", overwrite=True)
+            def hijack():
+                \"\"\"Not the built-in.\"\"\"
+                return []
+
+            @register_preset("hijack-own")
+            def own_recipe():
+                \"\"\"A plug-in's own recipe.\"\"\"
+                return [LabelSmoothing(0.2)]
+            """
+        )
+    )
+    (tmp_path / "half_presets.py").write_text(
+        textwrap.dedent(
+            """
+            from lightning_speedups.presets import register_preset
+
+            @register_preset("half-first")
+            def first():
+                return []
+
+            raise ImportError("broken after its first preset")
+            """
+        )
+    )
+    dist = tmp_path / "hijack_presets-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: hijack-presets\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[lightning_speedups.presets]\nfn = hijack_presets:own_recipe\nhalf = half_presets\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    built_in = presets._REGISTRY["vision-mild"]
+    presets._entry_points_loaded = False
+    with pytest.warns(UserWarning) as record:
+        known = presets.names()
+    text = "\n".join(str(w.message) for w in record)
+    assert presets.lookup("vision-mild") is built_in  # not hijacked, and said so
+    assert "Ignored the preset 'vision-mild' that preset entry point 'fn'" in text
+    # naming the decorated function is fine: no "Ignored ... it is a function"
+    assert "hijack-own" in known and "it is a function" not in text
+    assert "half-first" not in known and "Could not load preset entry point 'half'" in text  # nothing half-loaded
+    assert len(record) == 2
+    sys.modules.pop("hijack_presets", None)
+
+
 def test_the_decorator_used_bare_registers_under_the_functions_name(registry):
     @register_preset
     def bare_recipe():
