@@ -425,14 +425,31 @@ def _check_batch_size_finder(
 
 # ------------------------------------------------------------------------------------- declarative presets
 def resolve_callback_class(name: str) -> type[Callback]:
-    """A callback class by short name: ours first, then Lightning's."""
+    """A callback class by short name (ours first, then Lightning's), or any by its import path
+    (``"my_package.callbacks.InputNoise"``)."""
     import lightning_speedups
 
-    for module in (lightning_speedups, importlib.import_module("lightning.pytorch.callbacks")):
+    if "." in name:
+        module_name, _, attr = name.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr, None)
+        except ImportError as err:
+            raise ValueError(f"Cannot import the callback class {name!r}: {err}") from err
+        if isinstance(cls, type) and issubclass(cls, Callback):
+            return cls
+        raise ValueError(f"{name!r} is not a Lightning Callback class.")
+    modules = (lightning_speedups, importlib.import_module("lightning.pytorch.callbacks"))
+    for module in modules:
         cls = getattr(module, name, None)
         if isinstance(cls, type) and issubclass(cls, Callback):
             return cls
-    raise ValueError(f"No callback class named {name!r} in lightning_speedups or lightning.pytorch.callbacks.")
+    known = [n for m in modules for n, v in vars(m).items() if isinstance(v, type) and issubclass(v, Callback)]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ValueError(
+        f"No callback class named {name!r} in lightning_speedups or lightning.pytorch.callbacks.{hint} Name another "
+        "package's by its import path ('my_package.callbacks.MyCallback')."
+    )
 
 
 def _no_callbacks(**overrides: Any) -> list[Callback]:
@@ -481,6 +498,9 @@ def declarative(
     """A preset built from ``(class name, arguments)`` specs; overrides are keyed by class name."""
     specs = tuple((cls, dict(args)) for cls, args in callbacks)
     known = [cls for cls, _ in specs]
+    for cls_name in known:  # a misspelt short name fails here, not at the first `get`; import paths at `get`
+        if "." not in cls_name:
+            resolve_callback_class(cls_name)
 
     def factory(**overrides: Any) -> list[Callback]:
         unknown = sorted(set(overrides) - set(known))
@@ -525,10 +545,13 @@ def to_yaml(name: str) -> str:
         lines.append("  callbacks:")
     for cls_name, args in preset.callbacks:
         cls = resolve_callback_class(cls_name)
-        home = (
-            "lightning_speedups" if cls.__module__.startswith("lightning_speedups") else "lightning.pytorch.callbacks"
-        )
-        lines.append(f"    - class_path: {home}.{cls.__name__}")
+        if "." in cls_name:
+            class_path = cls_name
+        elif cls.__module__.startswith("lightning_speedups"):
+            class_path = f"lightning_speedups.{cls.__name__}"
+        else:
+            class_path = f"lightning.pytorch.callbacks.{cls.__name__}"
+        lines.append(f"    - class_path: {class_path}")
         if args:
             lines.append("      init_args:")
             lines += [f"        {k}: {_yaml_value(v, f'{cls_name}({k}=...)')}" for k, v in args.items()]

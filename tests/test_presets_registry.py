@@ -242,6 +242,20 @@ def test_a_plugins_import_adds_presets_but_never_replaces_one_and_a_failed_impor
     sys.modules.pop("hijack_presets", None)
 
 
+def test_declarative_presets_take_classes_by_import_path_and_refuse_a_misspelt_name_at_once(registry):
+    with pytest.raises(ValueError, match=r"No callback class named 'MixUpp'.*Did you mean 'MixUp'\?"):
+        declarative("typo", "s", "d", [("MixUpp", {})])  # at definition, not at the first `get`
+    preset = declarative(
+        "by-path", "s", "d", [("lightning.pytorch.callbacks.LearningRateMonitor", {"logging_interval": "step"})]
+    )
+    presets.register(preset)
+    (monitor,) = presets.get("by-path").callbacks
+    assert type(monitor).__name__ == "LearningRateMonitor" and monitor.logging_interval == "step"
+    assert "class_path: lightning.pytorch.callbacks.LearningRateMonitor" in presets.to_yaml("by-path")
+    with pytest.raises(ValueError, match="is not a Lightning Callback class"):
+        presets.resolve_callback_class("torch.nn.Linear")
+
+
 def test_the_decorator_used_bare_registers_under_the_functions_name(registry):
     @register_preset
     def bare_recipe():
