@@ -89,6 +89,7 @@ class SpeedupCLI(LightningCLI):
             )
         except ValueError as err:  # e.g. a BatchSizeFinder on several devices: a usage error, said before training
             self._parser(subcommand).error(str(err))
+        self._built = (name, accelerator, devices, recipe)  # reused for the Trainer: a function preset runs once
         settings = {"precision": recipe.trainer_kwargs["precision"], "strategy": recipe.trainer_kwargs["strategy"]}
         settings.update(preset.trainer)
         defaults = {f"trainer.{k}": v for k, v in settings.items() if k not in self.trainer_defaults}
@@ -107,11 +108,12 @@ class SpeedupCLI(LightningCLI):
         name = self._get(self.config, "preset")
         if name is not None:
             trainer_cfg = self._get(self.config_init, "trainer", default={}) or {}
-            recipe = presets.get(
-                name,
-                accelerator=str(trainer_cfg.get("accelerator", "auto")),
-                devices=trainer_cfg.get("devices", 1),
-            )
+            accelerator, devices = str(trainer_cfg.get("accelerator", "auto")), trainer_cfg.get("devices", 1)
+            built = self.__dict__.pop("_built", None)
+            if built is not None and built[:3] == (name, accelerator, devices):
+                recipe = built[3]
+            else:
+                recipe = presets.get(name, accelerator=accelerator, devices=devices)
             existing = trainer_cfg.get("callbacks") or []
             existing = existing if isinstance(existing, list) else [existing]
             # Lightning adds these after: the parser's callback arguments and the script's `trainer_defaults`

@@ -167,3 +167,19 @@ def test_a_batch_size_finder_preset_on_several_devices_is_a_parser_error(capsys)
     with pytest.raises(SystemExit):
         cli(["--preset=large-batch", "--trainer.strategy=ddp"], cls=SpeedupCLI)
     assert "strategy='ddp'" in capsys.readouterr().err
+
+
+def test_a_function_preset_is_built_once_per_cli_run():
+    calls = []
+
+    @presets.register_preset("counted-recipe")
+    def counted_recipe():
+        calls.append(1)  # e.g. a side effect: reading a file, a log line
+        return [LabelSmoothing(0.2)]
+
+    try:
+        c = cli(["--preset=counted-recipe"], cls=SpeedupCLI)
+    finally:
+        presets._REGISTRY.pop("counted-recipe")
+    assert len(calls) == 1
+    assert [cb.smoothing for cb in c.trainer.callbacks if isinstance(cb, LabelSmoothing)] == [0.2]
