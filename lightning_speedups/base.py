@@ -245,6 +245,12 @@ class SpeedupCallback(Callback):
             # the run's length out now rather than report no progress for the whole run
             self._refresh_total_steps(trainer)
             assert self._total_steps is not None
+        if not math.isfinite(self._total_steps):
+            raise RuntimeError(
+                f"{type(self).__name__} follows training progress, which needs a finite run length: set `max_steps` "
+                "or `max_epochs` on the Trainer (a run bounded by `max_time` alone, or an iterable dataset without "
+                "`max_steps`, has none)."
+            )
         step0, p0 = self._anchor
         if step0 == 0 and p0 == 0.0:
             return training_progress(trainer, self._total_steps)

@@ -94,7 +94,7 @@ class Stream(torch.utils.data.IterableDataset):
 def test_an_iterable_dataset_without_max_steps_has_no_progress_rather_than_full_progress():
     # Lightning's estimated_stepping_batches is -1 here; read as a length, every step would be past the end
     probe = ProgressProbe()
-    with pytest.raises(RuntimeError, match="finite run length"):
+    with pytest.raises(RuntimeError, match="ProgressProbe follows training progress, which needs a finite run length"):
         trainer(callbacks=[probe], max_epochs=1).fit(
             RecordingModule(record=False), torch.utils.data.DataLoader(Stream(), batch_size=8)
         )
@@ -103,6 +103,15 @@ def test_an_iterable_dataset_without_max_steps_has_no_progress_rather_than_full_
         RecordingModule(record=False), torch.utils.data.DataLoader(Stream(), batch_size=8)
     )
     assert [p for _, p in probe.seen] == [0, 0.25, 0.5, 0.75]
+
+
+def test_a_max_time_run_is_refused_before_its_first_step_by_the_callback_that_needs_a_length():
+    model = RecordingModule()
+    with pytest.raises(RuntimeError, match=r"MixUp follows training progress.*`max_time` alone"):
+        trainer(callbacks=[MixUp(end=0.5)], max_epochs=None, max_steps=-1, max_time={"minutes": 5}).fit(
+            model, *loaders()
+        )
+    assert not model.train_batches
 
 
 def test_progress_counts_each_epochs_accumulation_under_a_scheduler():
