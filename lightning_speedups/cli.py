@@ -140,6 +140,9 @@ def _compare(args: argparse.Namespace) -> int:
     except CompareError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Lightning's own notice is among the messages compare keeps quiet
+        print("interrupted: no report written.", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -26,8 +26,10 @@ import json
 import logging
 import math
 import os
+import re
 import statistics
 import sys
+import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -293,11 +295,23 @@ def _check(cfg: CompareConfig) -> None:
         raise CompareError(f"--max-epochs must be >= 1, got {cfg.max_epochs}.")
     if cfg.devices < 1:
         raise CompareError(f"--devices must be >= 1, got {cfg.devices}.")
-    if any(word in cfg.metric.lower() for word in ("loss", "error", "perplexity")):
+    if _lower_is_better(cfg.metric):
         raise CompareError(
             f"--metric {cfg.metric!r} looks like a lower-is-better metric; compare reads the metric as higher "
             "is better (an accuracy: the target is reached at or above it). Log an accuracy and name it."
         )
+
+
+#: words of metric names that are lower-is-better: whole words (``val_err``, ``val/mse``) or inside a name
+_LOWER_IS_BETTER_WORDS = frozenset({"err", "mse", "mae", "rmse", "nll", "ppl", "wer", "cer", "bpd", "bpc", "ce"})
+_LOWER_IS_BETTER_PARTS = ("loss", "error", "perplexity", "distance", "regret")
+
+
+def _lower_is_better(metric: str) -> bool:
+    name = metric.lower()
+    return any(part in name for part in _LOWER_IS_BETTER_PARTS) or bool(
+        _LOWER_IS_BETTER_WORDS & set(re.split(r"[^a-z0-9]+", name))
+    )
 
 
 def _check_output(output: Path) -> None:
@@ -378,17 +392,31 @@ def _run(
         )
         trainer.fit(make_model(), datamodule=make_dm())
     except MissingMetricError as err:
-        raise CompareError(str(err)) from err
-    except (ValueError, TypeError, ImportError, MisconfigurationException) as err:
-        # a setting that does not fit the user's model, data or machine: our callbacks and Lightning raise these
-        # up front, at construction or fit start; say which run it stopped, without a traceback
-        raise CompareError(f"the {arm!r} run could not start or stopped: {type(err).__name__}: {err}") from err
+        raise CompareError(f"the {arm!r} run: {err}") from err
+    except (ValueError, TypeError, ImportError, RuntimeError, MisconfigurationException) as err:
+        # a setting that does not fit the user's model, data or machine (our callbacks and Lightning raise these
+        # up front, at construction or fit start), or a recipe the model cannot take (a fixed input size under
+        # resizing): say which run it stopped and where, without a traceback
+        raise CompareError(
+            f"the {arm!r} run could not start or stopped: {type(err).__name__}: {err}{_raised_at(err)}"
+        ) from err
     if not meter.history:  # no metric to compare: the table would be all NaN, and results.json invalid JSON
         raise CompareError(
             f"the {arm!r} run never validated: does the datamodule give validation data (a `val_dataloader` "
             "with batches) and the model a `validation_step` that logs the metric?"
         )
     return RunResult(arm=arm, repeat=repeat, history=list(meter.history), flops=meter.flops, steps=trainer.global_step)
+
+
+def _raised_at(err: BaseException) -> str:
+    """`` (raised at file:line, in function)``: the innermost frame outside installed packages and the standard
+    library (the user's model, say), else the innermost frame; empty without a traceback."""
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return ""
+    ours = [f for f in frames if "site-packages" not in f.filename and "/lib/python" not in f.filename]
+    frame = (ours or frames)[-1]
+    return f" (raised at {frame.filename}:{frame.lineno}, in {frame.name})"
 
 
 @contextlib.contextmanager
@@ -444,9 +472,27 @@ def run_comparison(cfg: CompareConfig, out: TextIO | None = None) -> Report:
     _check(cfg)
     make_model, make_dm = _factories(cfg)
     label, make_callbacks, extra = _recipe(cfg)
+    made_output = cfg.output is not None and not cfg.output.exists()
     if cfg.output is not None:  # after the other checks: a typo in a preset or path leaves no folder behind
         _check_output(cfg.output)
+    try:
+        runs = _run_arms(cfg, label, make_model, make_dm, make_callbacks, extra)
+    except BaseException:  # a run that failed (or Ctrl-C): no empty report folder left behind
+        if made_output and cfg.output is not None and cfg.output.is_dir() and not any(cfg.output.iterdir()):
+            cfg.output.rmdir()
+        raise
+    return _finish(cfg, runs, label, out)
 
+
+def _run_arms(
+    cfg: CompareConfig,
+    label: str,
+    make_model: Callable[[], pl.LightningModule],
+    make_dm: Callable[[], pl.LightningDataModule],
+    make_callbacks: Callable[[], list[Callback]],
+    extra: dict[str, Any],
+) -> list[RunResult]:
+    """Every arm ``cfg.repeats`` times, interleaved (which of the two goes first alternates), under one bar."""
     epochs_per_repeat = cfg.max_epochs * (3 if cfg.budget_baseline else 2)
     bar = None
     if cfg.progress and rank_zero_only.rank == 0:
@@ -481,7 +527,11 @@ def run_comparison(cfg: CompareConfig, out: TextIO | None = None) -> Report:
     finally:
         if bar is not None:
             bar.close()
+    return runs
 
+
+def _finish(cfg: CompareConfig, runs: list[RunResult], label: str, out: TextIO) -> Report:
+    """Summarise ``runs``, print the report and save it."""
     finals = [r.final for r in runs if r.arm == BASELINE]
     # the lower median: with an even number of repeats the plain median could sit above half the baseline runs
     target = cfg.target if cfg.target is not None else statistics.median_low(finals)
@@ -601,7 +651,10 @@ def save_report(report: Report, output: Path, text: str) -> bool:
         ],
     }
     (output / "results.json").write_text(json.dumps(data, indent=2))
-    return plot_report(report, output / "accuracy.png")
+    written = plot_report(report, output / "accuracy.png")
+    if not written:  # no plot this time: an older run's must not sit beside this report
+        (output / "accuracy.png").unlink(missing_ok=True)
+    return written
 
 
 def accuracy_ylim(metrics: list[float], target: float, zoom: float = 0.1, pad: float = 0.005) -> tuple[float, float]:

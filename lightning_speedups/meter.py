@@ -165,6 +165,9 @@ class TrainingMeter(Callback):
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._stop_counting()
+        # Lightning keeps the last logged value of every metric: the same object at the end of this validation
+        # means this one did not log it (a model that logs it every other epoch), and measured nothing new
+        self._before = trainer.callback_metrics.get(self.metric)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._stop_counting()
@@ -179,6 +182,8 @@ class TrainingMeter(Callback):
                 f"The validation metric {self.metric!r} was not logged (logged: {known}). Log it with "
                 f"`self.log({self.metric!r}, ...)` in `validation_step`, or choose another metric."
             )
+        if value is self.__dict__.get("_before"):
+            return
         self.history.append(
             Checkpoint(
                 step=trainer.global_step,

@@ -1,5 +1,6 @@
 """`lightning-speedups compare` and `presets` from the command line: output files and clear errors."""
 
+import io
 import json
 import re
 import sys
@@ -181,6 +182,9 @@ def test_the_equal_budget_run_is_validated_at_its_last_step_even_mid_epoch():
         (["--target", "1.5"], r"--target must be in \(0, 1\]"),
         (["--repeats", "0"], "--repeats must be >= 1"),
         (["--metric", "val_loss"], "looks like a lower-is-better metric"),
+        (["--metric", "val_err"], "looks like a lower-is-better metric"),
+        (["--metric", "val/mse"], "looks like a lower-is-better metric"),
+        (["--metric", "val_nll"], "looks like a lower-is-better metric"),
         (["--preset", "baseline", "--callback", "MixUp"], "not both"),
         (["--callback", "MixUpp"], "No callback class named 'MixUpp'"),
         (["--preset", "baseline"], "compare the baseline with itself"),
@@ -218,7 +222,8 @@ def test_bad_input_gives_a_message_not_a_traceback(args, message, capsys, tmp_pa
 def test_a_model_that_does_not_log_the_metric(capsys, tmp_path):
     code = main(["compare", "--callback", "MixUp", *TINY, "--metric", "val_top1", "--output", str(tmp_path / "o")])
     assert code == 2
-    assert "'val_top1' was not logged" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "'val_top1' was not logged" in err and re.search(r"the '(baseline|callbacks: MixUp)' run", err)
 
 
 def test_a_module_in_the_current_folder_is_found(tmp_path, monkeypatch):
@@ -357,6 +362,9 @@ def test_without_matplotlib_the_report_says_no_plot_was_saved(tmp_path, capsys, 
     printed = capsys.readouterr().out
     assert "no plot: matplotlib is not installed" in printed and "accuracy.png" not in printed
     assert not (tmp_path / "accuracy.png").exists()
+    (tmp_path / "accuracy.png").write_text("an older run's plot")
+    assert main(["compare", "--callback", "LabelSmoothing", *TINY, "--output", str(tmp_path)]) == 0
+    assert not (tmp_path / "accuracy.png").exists()  # not left beside a report it does not belong to
 
 
 def test_an_output_folder_that_cannot_hold_the_report_fails_before_training(tmp_path, capsys):
@@ -421,3 +429,56 @@ def test_presets_config_without_a_name_is_an_error(capsys):
     assert main(["presets", "--config"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --config") and "presets vision-mild --config" in err
+
+
+UNUSUAL_MODELS = """
+import torch
+from torch import nn
+from lightning_speedups.demo import ImageClassifier
+
+class EveryOther(ImageClassifier):
+    def validation_step(self, batch, batch_idx):
+        if self.current_epoch % 2 == 0:
+            return super().validation_step(batch, batch_idx)
+
+class FlatNet(ImageClassifier):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.head = nn.Linear(64, 10)  # 8 x 8 inputs only
+
+    def forward(self, x):
+        return self.head(x.mean(1).flatten(1))
+"""
+
+
+def test_a_validation_that_does_not_log_the_metric_adds_no_point(tmp_path, monkeypatch):
+    """Lightning keeps the last logged value: read again, it would be a new point with a later time."""
+    _write_module(tmp_path, monkeypatch, "unusual_models", UNUSUAL_MODELS)
+    cfg = CompareConfig(
+        callbacks=["LabelSmoothing"],
+        model="unusual_models:EveryOther",
+        datamodule="lightning_speedups.demo:DigitsDataModule",
+        model_args={"widths": [8, 16]},
+        datamodule_args={"size": 8, "batch_size": 128},
+        accelerator="cpu",
+        max_epochs=4,
+        repeats=1,
+        budget_baseline=False,
+        progress=False,
+        output=None,
+    )
+    report = run_comparison(cfg, out=io.StringIO())
+    for run in report.runs:
+        assert [c.epoch for c in run.history] == [0, 2]
+
+
+def test_a_recipe_the_model_cannot_take_gives_a_message_naming_the_run_and_the_line(tmp_path, monkeypatch, capsys):
+    _write_module(tmp_path, monkeypatch, "unusual_models", UNUSUAL_MODELS)
+    args = ["--model", "unusual_models:FlatNet", "--datamodule", "lightning_speedups.demo:DigitsDataModule"]
+    tiny = [*TINY[4:], "--repeats", "1", "--callback", "ProgressiveResizing:initial_scale=0.5,size_increment=2"]
+    out = tmp_path / "out"
+    assert main(["compare", *args, *tiny, "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"the 'callbacks: ProgressiveResizing.*' run could not start or stopped: RuntimeError", err)
+    assert "unusual_models.py" in err and "in forward" in err and "Traceback" not in err
+    assert not out.exists()  # no empty report folder left behind
