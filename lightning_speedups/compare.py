@@ -681,11 +681,17 @@ def plot_report(report: Report, path: Path) -> bool:
         return False
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     colours = dict(zip([s.arm for s in report.summaries], ["tab:gray", "tab:blue", "tab:orange"], strict=False))
+    low, high = accuracy_ylim([c.metric for r in report.runs for c in r.history], report.target)
+    best: dict[str, float] = {}
+    for r in report.runs:
+        best[r.arm] = max([best.get(r.arm, -math.inf), *(c.metric for c in r.history)])
     for run in report.runs:
         xs_wall = [c.wall for c in run.history]
         xs_flops = [c.flops / 1e9 for c in run.history]
         ys = [c.metric for c in run.history]
-        label = run.arm if run.repeat == 0 else None
+        # the y-range zooms on the target: an arm that never comes near it is said to be below, not left unseen
+        below = f" (below the plotted range; best {best[run.arm]:.4f})" if best[run.arm] < low else ""
+        label = run.arm + below if run.repeat == 0 else None
         axes[0].plot(xs_wall, ys, marker=".", color=colours.get(run.arm), label=label, alpha=0.8)
         axes[1].plot(xs_flops, ys, marker=".", color=colours.get(run.arm), label=label, alpha=0.8)
     for ax, xlabel in zip(axes, ["wall time (s)", "training GFLOP"], strict=True):
@@ -693,7 +699,7 @@ def plot_report(report: Report, path: Path) -> bool:
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(report.config["metric"])
-    axes[0].set_ylim(*accuracy_ylim([c.metric for r in report.runs for c in r.history], report.target))
+    axes[0].set_ylim(low, high)
     axes[0].legend(loc="lower right")
     fig.suptitle(f"{report.recipe} vs baseline (dashed: target {report.target:.4f})")
     fig.tight_layout()

@@ -482,3 +482,26 @@ def test_a_recipe_the_model_cannot_take_gives_a_message_naming_the_run_and_the_l
     assert re.search(r"the 'callbacks: ProgressiveResizing.*' run could not start or stopped: RuntimeError", err)
     assert "unusual_models.py" in err and "in forward" in err and "Traceback" not in err
     assert not out.exists()  # no empty report folder left behind
+
+
+def test_an_arm_below_the_zoomed_plot_range_is_named_so_in_the_legend(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from lightning_speedups.compare import Report, RunResult, plot_report
+    from lightning_speedups.meter import Checkpoint
+
+    def history(*metrics):
+        return [Checkpoint(step=i, epoch=i, wall=i, cpu=i, flops=1e9 * i, metric=m) for i, m in enumerate(metrics)]
+
+    runs = [
+        RunResult("baseline", 0, history(0.5, 0.9, 0.95), 3e9, 3),
+        RunResult("recipe", 0, history(0.6, 0.94, 0.96), 2e9, 3),
+        RunResult("baseline @ 1 steps", 0, history(0.1, 0.2), 1e9, 1),  # far below the target's window
+    ]
+    report = Report(config={"metric": "val_acc"}, recipe="recipe", target=0.95, summaries=[], runs=runs)
+    legends = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: legends.append(fig.axes[0].get_legend()))
+    assert plot_report(report, tmp_path / "a.png")
+    labels = [t.get_text() for t in legends[0].get_texts()]
+    assert labels == ["baseline", "recipe", "baseline @ 1 steps (below the plotted range; best 0.2000)"]
