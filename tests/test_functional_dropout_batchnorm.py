@@ -303,3 +303,26 @@ def test_a_lazy_layer_before_its_first_batch_is_skipped():
     assert batchnorm_layers(net) == [net[1]]  # no statistics yet to copy or re-estimate
     recalibrate_batchnorm(net, [torch.randn(8, 4)])  # the forward initialises it: no crash
     assert batchnorm_layers(net) == [net[0], net[1]]
+
+
+class BufferRateDropout(nn.Dropout):
+    """A dropout whose rate is a registered 0-d buffer (saved in checkpoints, moved with the model)."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        del self.p
+        self.register_buffer("p", torch.tensor(p))
+
+
+@pytest.mark.parametrize("make", [lambda: BufferRateDropout(0.3), lambda: nn.Dropout(p=torch.tensor(0.3))])
+def test_a_tensor_rate_is_switched_off_and_given_back_as_the_same_tensor(make):
+    net = nn.Sequential(nn.Linear(4, 4), make())
+    rate = net[1].p
+    sites = disable_dropout(net)  # a buffer takes no float: a zero tensor instead
+    assert [(s.name, s.value) for s in sites] == [("1", pytest.approx(0.3))]
+    assert isinstance(net[1].p, torch.Tensor) and float(net[1].p) == 0.0 and float(rate) == pytest.approx(0.3)
+    restore_dropout(net, sites)
+    assert net[1].p is rate  # the object it came with, not a float
+    by_hand = [type(s)(s.name, s.kind, s.attribute, s.value) for s in disable_dropout(net)]  # as from a checkpoint
+    restore_dropout(net, by_hand)
+    assert isinstance(net[1].p, torch.Tensor) and float(net[1].p) == pytest.approx(0.3)

@@ -329,3 +329,9 @@ def test_nearest_resize_of_integer_and_bool_images(dtype):
 def test_a_bad_mode_is_refused_even_at_the_same_size():
     with pytest.raises(ValueError, match="`mode` must be 'resize' or 'crop', got 'bogus'"):
         resize_batch(torch.rand(1, 1, 8, 8), (8, 8), mode="bogus")
+
+
+def test_the_ramps_end_is_full_size_even_an_ulp_short():
+    # 2/3 of the run with delay 1/3 and finetune 1/3: (2/3 - 1/3) / (1/3) is 0.9999999999999998 in floats
+    scale = progressive_scale(2 / 3, 0.5, 1 / 3, 1 / 3)
+    assert scale == 1.0 and scaled_size((30, 30), scale, 4) == (30, 30)  # not 28 x 28, one step early

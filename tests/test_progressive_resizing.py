@@ -243,6 +243,15 @@ def test_recalibration_during_validation_only_and_restored():
     assert not cb._cache  # no batch references left after fit
 
 
+def test_a_lazy_batchnorm_layer_is_recalibrated_from_the_first_validation():
+    """Its statistics exist only after the first batch, past the point where the callback looks for layers."""
+    model = SizeRecorder()
+    model.net.bn = nn.LazyBatchNorm2d()
+    cb = ProgressiveResizing(0.5, 1.0, 0.0, validation="recalibrate", calibration_batches=2)  # always at half size
+    trainer(callbacks=[cb], max_epochs=2).fit(model, *loaders("list", n=64, size=SIZE))
+    assert cb.recalibrations == 2  # was 0: validated with the half-size statistics, without a word
+
+
 def test_recalibrated_statistics_equal_a_hand_recalibration():
     probe = StatsProbe()
     model = SizeRecorder()

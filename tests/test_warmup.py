@@ -3,6 +3,7 @@ the scheduler's value times the warmup factor, whatever the scheduler, and nothi
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import math
@@ -814,3 +815,69 @@ def test_a_warmup_in_epochs_needs_a_sized_loader():
     module = Streaming("none")
     fit(module, [cb], max_steps=2)
     assert cb.warmup_steps == 0 and module.used == pytest.approx([LR * 2] * 2)
+
+
+class SkipsFirstBatches(WarmupModule):
+    """Returns None (Lightning's way to skip a batch) from its first two `training_step` calls."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        return None if batch_idx < 2 else loss
+
+
+def test_a_skipped_training_step_is_no_warmup_update_in_32_bit():
+    """Lightning still calls `optimizer.step` (with no gradients) in 32-bit; its mixed precision skips it."""
+    module = SkipsFirstBatches("none")
+    warmup = LinearScalingWarmup(8, warmup=4, warmup_unit="steps")  # x 2 over 4 updates
+    fit(module, [warmup], max_epochs=1)
+    assert module.used[2:] == pytest.approx([LR * 1.0, LR * 1.25])  # the first real updates: ramp from the start
+    assert warmup.updates == [2]
+
+
+class CaughtFailure(RecordingModule):
+    """Manual optimization whose second update raises inside `step`, caught by the user (an OOM skipped)."""
+
+    def __init__(self, step_scheduler: bool) -> None:
+        super().__init__(record=False)
+        self.automatic_optimization = False
+        self.step_scheduler = step_scheduler
+        self.after_batch: list[float] = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(torch.nn.functional.cross_entropy(self(x), y))
+        self.opt.fail = batch_idx == 1
+        with contextlib.suppress(RuntimeError):  # the user's "skip the batch on OOM"
+            opt.step()
+        if self.step_scheduler:
+            self.lr_schedulers().step()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.after_batch.append(self.opt.param_groups[0]["lr"])
+
+    def configure_optimizers(self):
+        class Flaky(torch.optim.SGD):
+            def step(self, closure=None):
+                if getattr(self, "fail", False):
+                    raise RuntimeError("out of memory (simulated)")
+                return super().step(closure)
+
+        self.opt = Flaky(self.parameters(), lr=LR)
+        return [self.opt], [torch.optim.lr_scheduler.ExponentialLR(self.opt, 0.9)]
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(*image_tensors(64)), batch_size=16)
+
+
+def test_a_step_that_raised_and_was_caught_leaves_no_factor_behind():
+    module = CaughtFailure(step_scheduler=False)
+    fit(module, [LinearScalingWarmup(8, warmup=2, warmup_unit="steps")], max_epochs=1)
+    assert module.after_batch == [LR] * 4  # the scheduler's value after every batch, the failed one included
+
+
+def test_a_scheduler_stepped_after_a_caught_failure_is_warned_about():
+    module = CaughtFailure(step_scheduler=True)
+    with pytest.warns(SpeedupWarning, match="optimizer 0's step raised and the error was caught"):
+        fit(module, [LinearScalingWarmup(8, warmup=2, warmup_unit="steps")], max_epochs=1)

@@ -287,7 +287,8 @@ class ProgressiveResizing(SpeedupCallback):
             self._checked = True
         if self._bn_modes_stale and self.val_remedy == "recalibrate" and self._has_bn:
             # once per epoch: frozen (eval-mode) BatchNorm layers keep their statistics at validation
-            self._trained_bn = [bn for bn in batchnorm_layers(pl_module) if bn.training]
+            # (lazy layers included: the module object stays, and has its statistics once a batch went through)
+            self._trained_bn = [bn for bn in batchnorm_layers(pl_module, lazy=True) if bn.training]
             self._bn_modes_stale = False
         progress = self.progress(trainer)
         plan = self.plan_at(progress, trainer.current_epoch)
@@ -458,7 +459,7 @@ class ProgressiveResizing(SpeedupCallback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
-        self._has_bn = bool(batchnorm_layers(pl_module))  # here: after `configure_model`
+        self._has_bn = bool(batchnorm_layers(pl_module, lazy=True))  # here: after `configure_model`
         if self.mode != "pipeline":
             return
         loader = trainer.train_dataloader

@@ -144,6 +144,9 @@ class LinearScalingWarmup(SpeedupCallback):
         self._done: list[float] | None = None
         self._pending: dict[int, list[Any] | None] = {}
         self._pending_share: dict[int, float] = {}
+        self._written: dict[int, list[Any]] = {}  # the scaled learning rates set, to tell if they were changed since
+        self._skipped: set[int] = set()  # optimizers whose closure returned None (a skipped `training_step`)
+        self._automatic = True
         self._plan: _Plan | None = None
         # the plan's inputs (loader, accumulation) change only between epochs: re-read at an epoch's first update
         self._plan_stale = True
@@ -230,6 +233,13 @@ class LinearScalingWarmup(SpeedupCallback):
         if trainer.optimizers != self._optimizers:
             self._register(trainer)
 
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._pending:  # a step began and never ended: it raised, and the exception was caught
+            self._end_interrupted_steps()
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_epoch_start(trainer, pl_module)
         self._plan_stale = True  # a reloaded loader, a GradientAccumulationScheduler: read at the first update
@@ -315,7 +325,10 @@ class LinearScalingWarmup(SpeedupCallback):
         self._apply(i, factor)
         self._pending_share[i] = share
         self._last_factor = self._last_factors[i] = factor
-        return self._wrap_closure(i, factor, args, kwargs)
+        # while warming up, an update whose closure returns None (Lightning's skipped `training_step`) is no
+        # update: in mixed precision Lightning skips the step; in 32-bit it steps with no gradients
+        watch = self._automatic and self._share_done(i, plan) < 1.0
+        return self._wrap_closure(i, factor, args, kwargs, watch=watch)
 
     def _apply(self, i: int, factor: float) -> None:
         """Scale optimizer ``i``'s groups by ``factor``, keeping their values to put back after the update.
@@ -332,26 +345,36 @@ class LinearScalingWarmup(SpeedupCallback):
                 if self._scales(i, j, group):
                     group["lr"] = lr * factor  # a new object: a tensor lr is replaced, never changed in place
         self._pending[i] = saved  # None: nothing to restore, but `_post_step` still counts the update
+        if saved is not None:
+            self._written[i] = [g["lr"] for g in optimizer.param_groups]
         # kept as they are (a tensor lr is read at logging time only: no device sync on every step)
         self._last_lrs[i] = [_snapshot(g["lr"]) for g in optimizer.param_groups]
 
-    def _wrap_closure(self, i: int, factor: float, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+    def _wrap_closure(
+        self, i: int, factor: float, args: Any, kwargs: Any, *, watch: bool = False
+    ) -> tuple[Any, Any] | None:
         """Run the step's closure (``training_step`` and backward, in automatic optimization) with the learning
         rates unscaled: what the user's code reads there is the scheduler's value, and what it writes there is
-        kept and scaled for the update."""
-        if factor == 1.0:
+        kept and scaled for the update. ``watch``: note a closure that returns None (no update to count)."""
+        if factor == 1.0 and not watch:
             return None
         positional = len(args) > 1
         closure = args[1] if positional else kwargs.get("closure")
         if closure is None:
             return None
+        scaled = factor != 1.0
 
         def closure_at_the_scheduler_lr() -> Any:
-            self._before_closure(i)
+            if scaled:
+                self._before_closure(i)
             try:
-                return closure()
+                result = closure()
             finally:
-                self._after_closure(i, factor)
+                if scaled:
+                    self._after_closure(i, factor)
+            if watch and result is None:
+                self._skipped.add(i)
+            return result
 
         if positional:
             return (args[0], closure_at_the_scheduler_lr, *args[2:]), kwargs
@@ -369,12 +392,16 @@ class LinearScalingWarmup(SpeedupCallback):
             return
         share = self._pending_share.pop(i, 0.0)
         self._restore(i)
+        if i in self._skipped:  # the closure returned None: no update, the warmup stays where it was
+            self._skipped.discard(i)
+            return
         assert self._updates is not None and self._done is not None
         self._updates[i] += 1
         self._done[i] = _add_share(self._done[i], share)
 
     def _restore(self, i: int) -> None:
         saved = self._pending.pop(i, None)
+        self._written.pop(i, None)
         if saved is not None:
             for group, lr in zip(self._optimizers[i].param_groups, saved, strict=False):
                 group["lr"] = lr
@@ -383,6 +410,32 @@ class LinearScalingWarmup(SpeedupCallback):
         for i in list(self._pending):
             self._restore(i)
         self._pending_share.clear()
+        self._skipped.clear()
+
+    def _end_interrupted_steps(self) -> None:
+        """Take the factor off after steps that raised (no post-hook ran): where the learning rates are still the
+        scaled values set, exactly; where something changed them since (a scheduler stepped after the caught
+        error), it cannot be told apart from the factor, so say so."""
+        for i in list(self._pending):
+            written = self._written.get(i)
+            saved = self._pending.get(i)
+            groups = self._optimizers[i].param_groups if i < len(self._optimizers) else []
+            if saved is None or written is None:
+                self._restore(i)
+                continue
+            changed = any(g["lr"] is not w for g, w in zip(groups, written, strict=False))
+            if changed:
+                self._pending.pop(i, None)
+                self._written.pop(i, None)
+                self.warn(
+                    f"optimizer {i}'s step raised and the error was caught, so the warmup factor could not be taken "
+                    "off its learning rates; they were changed since (a scheduler step?), so that step started from "
+                    "the scaled values. Step the scheduler only after a step that succeeded."
+                )
+            else:
+                self._restore(i)
+            self._pending_share.pop(i, None)
+            self._skipped.discard(i)
 
     # ------------------------------------------------------------------ the warmup's clock
     def _factor(self, i: int, plan: _Plan) -> tuple[float, float]:
@@ -430,6 +483,8 @@ class LinearScalingWarmup(SpeedupCallback):
     def _register(self, trainer: pl.Trainer) -> None:
         self._unregister()
         self._optimizers = list(trainer.optimizers)
+        module = trainer.lightning_module
+        self._automatic = module is None or bool(module.automatic_optimization)
         self._names = _optimizer_names(self._optimizers, trainer.lr_scheduler_configs)
         self._last_lrs = {}
         assert self._updates is not None and self._done is not None and self._plan is not None

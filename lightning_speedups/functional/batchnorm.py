@@ -32,9 +32,14 @@ def _has_statistics(bn: _BatchNorm) -> bool:
     )
 
 
-def batchnorm_layers(model: nn.Module) -> list[_BatchNorm]:
-    """The BatchNorm layers of ``model`` that keep running statistics (``SyncBatchNorm`` included)."""
-    return [m for m in model.modules() if isinstance(m, _BatchNorm) and _has_statistics(m)]
+def batchnorm_layers(model: nn.Module, *, lazy: bool = False) -> list[_BatchNorm]:
+    """The BatchNorm layers of ``model`` that keep running statistics (``SyncBatchNorm`` included); with
+    ``lazy``, also the lazy ones whose statistics the first batch has yet to create."""
+    return [
+        m
+        for m in model.modules()
+        if isinstance(m, _BatchNorm) and (_has_statistics(m) or (lazy and m.track_running_stats))
+    ]
 
 
 @dataclass

@@ -26,7 +26,8 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 from torch.nn.modules.dropout import _DropoutNd
 
 #: float attributes that hold a dropout probability in attention and recurrent modules.
@@ -57,6 +58,8 @@ class DropoutSite:
     attribute: str
     value: float
     module: nn.Module | None = field(default=None, compare=False, repr=False)
+    #: the attribute's own object when it is a tensor (a 0-d ``p`` buffer): what restoring puts back
+    original: Tensor | None = field(default=None, compare=False, repr=False)
 
 
 def _is_probability(value: object) -> bool:
@@ -111,8 +114,9 @@ def find_dropout(model: nn.Module) -> list[DropoutSite]:
     sites = []
     for name, module in model.named_modules():
         for attribute in _attribute(module, p_types):
-            value = float(getattr(module, attribute))
-            sites.append(DropoutSite(name, type(module).__name__, attribute, value, module))
+            current = getattr(module, attribute)
+            original = current if isinstance(current, Tensor) else None
+            sites.append(DropoutSite(name, type(module).__name__, attribute, float(current), module, original))
     return sites
 
 
@@ -135,7 +139,9 @@ def disable_dropout(model: nn.Module) -> list[DropoutSite]:
     done: list[DropoutSite] = []
     try:
         for site in changed:
-            setattr(_site_module(model, site), site.attribute, 0.0)
+            module = _site_module(model, site)
+            # a tensor rate (a registered buffer takes tensors only) gets a new zero tensor, never changed in place
+            setattr(module, site.attribute, _value_like(getattr(module, site.attribute, None), 0.0))
             done.append(site)
     except Exception as err:  # all or nothing: never leave a model partly stripped
         restore_dropout(model, done)
@@ -181,7 +187,18 @@ def restore_dropout(model: nn.Module, sites: list[DropoutSite]) -> None:
     for site in sites:
         module = _site_module(model, site)
         if module is not None:
-            setattr(module, site.attribute, site.value)
+            value = site.original
+            if value is None:  # a float, or a site read back from a checkpoint
+                value = _value_like(getattr(module, site.attribute, None), site.value)
+            setattr(module, site.attribute, value)
+
+
+def _value_like(current: object, value: float) -> object:
+    """``value`` as the attribute holds its rate: a tensor like ``current`` if it is one, else the float."""
+    if isinstance(current, Tensor):
+        with torch.no_grad():
+            return torch.full_like(current, value)
+    return value
 
 
 def _site_module(model: nn.Module, site: DropoutSite) -> nn.Module | None:

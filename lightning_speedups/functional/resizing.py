@@ -54,6 +54,8 @@ def progressive_scale(
     ramp = 1.0 - finetune_fraction - delay_fraction
     # a ramp within float rounding of zero is a step: full size from `delay_fraction` on, whatever the rounding
     done = 1.0 if ramp < _MIN_RAMP else min(1.0, (progress - delay_fraction) / ramp)
+    if done > 1.0 - 1e-9:  # the ramp's end up to float rounding (a step count over a total lands an ulp short)
+        return 1.0
     return float(initial_scale + (1.0 - initial_scale) * done)
 
 
