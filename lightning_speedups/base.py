@@ -439,7 +439,14 @@ class SpeedupCallback(Callback):
         self._tell_siblings_apart(trainer)
         self._loaded_progress = None  # a checkpoint's, if any, is loaded after setup
         # each fit takes the process seed anew (unless one was given); a resume then restores the saved one
-        self.seed = self._given_seed if self._given_seed is not None else _process_seed()
+        if self._given_seed is not None:
+            self.seed = self._given_seed
+        elif trainer.world_size > 1:
+            # rank zero's process seed on every rank (their draws differ by rank): the seed a checkpoint keeps,
+            # saved by rank zero, is then every rank's, and a resumed rank draws what it would have
+            self.seed = int(trainer.strategy.broadcast(_process_seed(), src=0))
+        else:
+            self.seed = _process_seed()
         if self.transforms_batches:
             if is_param_in_hook_signature(pl_module.training_step, "dataloader_iter", explicit=True):
                 raise RuntimeError(

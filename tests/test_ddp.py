@@ -35,7 +35,17 @@ class CheckInWorkers(Callback):
         (indices0, sum0), (indices1, sum1) = gathered
         assert not set(indices0) & set(indices1) and len(indices0) == len(indices1) == 32  # disjoint shards
         assert sum0 != sum1
+        seeds = [None, None]  # each rank's process seed differed (`SeedPerRank`): the callbacks share rank zero's
+        dist.all_gather_object(seeds, [cb.seed for cb in active_transforms(trainer)])
+        assert seeds[0] == seeds[1] == [1000, 1000]
         pl_module.checked = True
+
+
+class SeedPerRank(Callback):
+    """A process seed of its own on each rank, as processes that no `seed_everything` aligned have."""
+
+    def setup(self, trainer, pl_module, stage):
+        torch.manual_seed(1000 + trainer.global_rank)
 
 
 def test_mixup_and_smoothing_under_ddp_fork():
@@ -45,7 +55,7 @@ def test_mixup_and_smoothing_under_ddp_fork():
         devices=2,
         strategy="ddp_fork",
         max_epochs=1,
-        callbacks=[MixUp(alpha=1.0), LabelSmoothing(0.1), CheckInWorkers()],
+        callbacks=[SeedPerRank(), MixUp(alpha=1.0), LabelSmoothing(0.1), CheckInWorkers()],
     )
     t.fit(model, datamodule=ImagesDataModule(n=64, batch_size=8))
     assert t.state.finished  # every worker assertion passed, or fit would have raised

@@ -134,3 +134,8 @@ def test_numpy_integers_are_ints():
     assert steps_per_epoch(np.int64(5), np.int64(2)) == 3
     with pytest.raises(ValueError, match="`batch_size` must be a positive int"):
         global_batch_size(True)
+
+
+def test_a_warmup_length_rounds_halves_up_not_to_even():
+    assert [warmup_length(0.5, "epochs", steps_per_epoch=n) for n in (5, 7)] == [3, 4]  # 2.5 -> 3, 3.5 -> 4
+    assert warmup_length(0.5, "fraction", total_steps=9) == 5

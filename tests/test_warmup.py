@@ -792,12 +792,12 @@ def test_a_fraction_warmup_needs_a_bounded_run():
 
 
 def test_a_fraction_warmup_counts_each_epochs_scheduled_accumulation():
-    # 4 batches per epoch, accumulation 1, 1, 4: 4 + 4 + 1 = 9 updates, so half the run is 4.5 -> 4 updates
+    # 4 batches per epoch, accumulation 1, 1, 4: 4 + 4 + 1 = 9 updates, so half the run is 4.5 -> 5 updates
     module = WarmupModule("none")
     cb = LinearScalingWarmup(16, warmup=0.5, warmup_unit="fraction")
     fit(module, [cb, GradientAccumulationScheduler({0: 1, 2: 4})], max_epochs=3)
-    assert cb.updates == [9] and cb.warmup_steps == 4
-    assert module.used[:4] == pytest.approx([LR * ramp(t, 4, 1.0) for t in range(4)])
+    assert cb.updates == [9] and cb.warmup_steps == 5
+    assert module.used[:5] == pytest.approx([LR * ramp(t, 5, 1.0) for t in range(5)])
     assert module.used[8] == pytest.approx(LR * 4.0)  # 16 x 4 accumulated / 16: the scale of the last epoch
 
 
@@ -881,3 +881,10 @@ def test_a_scheduler_stepped_after_a_caught_failure_is_warned_about():
     module = CaughtFailure(step_scheduler=True)
     with pytest.warns(SpeedupWarning, match="optimizer 0's step raised and the error was caught"):
         fit(module, [LinearScalingWarmup(8, warmup=2, warmup_unit="steps")], max_epochs=1)
+
+
+def test_a_run_resumed_with_another_global_batch_is_warned_about(tmp_path):
+    run_resumable(tmp_path, [LinearScalingWarmup(8, warmup=2, warmup_unit="steps")], save_every=5)
+    t = trainer(callbacks=[LinearScalingWarmup(8, warmup=2, warmup_unit="steps")], max_epochs=3)
+    with pytest.warns(SpeedupWarning, match=r"global batch of 16, this one has 32 .* from x 2 to x 4 at once"):
+        t.fit(AmpModule(), datamodule=ImagesDataModule(n=64, batch_size=32), ckpt_path=tmp_path / "epoch=1-step=5.ckpt")

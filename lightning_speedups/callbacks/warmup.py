@@ -223,6 +223,7 @@ class LinearScalingWarmup(SpeedupCallback):
             # the current updates per epoch.
             self._done = [self._share_from_updates(u, plan) for u in self._updates]
         self._check_length(trainer, plan)
+        self._check_resumed_batch(plan)
         self._register(trainer)
 
     def on_train_batch_start(
@@ -271,6 +272,7 @@ class LinearScalingWarmup(SpeedupCallback):
             "warmup_done": list(self._done) if self._done is not None else None,
             "warmup_done_unit": self.warmup_unit,  # the unit whose shares `warmup_done` tracked
             "initial_reference": self._initial_reference,
+            "global_batch": self._plan.global_batch if self._plan is not None else None,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -288,6 +290,8 @@ class LinearScalingWarmup(SpeedupCallback):
             self._done = None
         if state_dict.get("initial_reference") is not None:
             self._initial_reference = int(state_dict["initial_reference"])
+        saved_batch = state_dict.get("global_batch")
+        self._restored_global_batch = int(saved_batch) if saved_batch is not None else None
 
     def knobs(self) -> dict[str, float]:
         if self._plan is None or self._last_factor is None:
@@ -563,6 +567,18 @@ class LinearScalingWarmup(SpeedupCallback):
             f"{reference}), warmup {steps} update(s){changed}."
         )
         return self._plan
+
+    def _check_resumed_batch(self, plan: _Plan) -> None:
+        """Warn when a resumed run's global batch differs from the checkpoint's: the scale jumps at once."""
+        before = self.__dict__.pop("_restored_global_batch", None)
+        if before is None or before == plan.global_batch:
+            return
+        old_scale = batch_scale(before, self._reference(), self.rule)
+        self.warn(
+            f"the checkpoint's run had a global batch of {before}, this one has {plan.global_batch} (batch size, "
+            f"accumulation or devices changed): the learning rate scale goes from x {old_scale:.4g} to "
+            f"x {plan.scale:.4g} at once, with no ramp."
+        )
 
     def _check_length(self, trainer: pl.Trainer, plan: _Plan) -> None:
         total = _total_steps(trainer)

@@ -131,7 +131,8 @@ def warmup_length(
         length = warmup * total_steps
     else:
         raise ValueError(f"`unit` must be one of {WARMUP_UNITS}, got {unit!r}.")
-    return max(1, round(length)) if warmup > 0 else 0
+    # to the nearest update, halves up (Python's `round` sends 2.5 to 2 and 3.5 to 4)
+    return max(1, math.floor(length + 0.5)) if warmup > 0 else 0
 
 
 def warmup_factor(step: float, warmup_steps: int, scale: float, start: WarmupStart = "unscaled") -> float:
