@@ -629,6 +629,11 @@ def format_report(report: Report) -> str:
         "Every arm validates at full size (ProgressiveResizing's validation at the training scale is switched off "
         "here, so the time to target is what a full-size model reaches).",
     ]
+    devices = report.config.get("devices", 1)
+    if isinstance(devices, int) and devices > 1:
+        lines.append(
+            f"On {devices} devices, CPU time is rank 0's process and its workers; FLOPs are summed over the ranks."
+        )
     return "\n".join(lines)
 
 
