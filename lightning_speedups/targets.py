@@ -49,18 +49,40 @@ def hard_labels(target: Tensor) -> Tensor:
 
 
 def infer_num_classes(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int | None:
-    """``num_classes`` from the DataModule, the LightningModule or its ``hparams``; ``None`` if none says."""
-    candidates: list[Any] = [
-        getattr(trainer, "datamodule", None),
-        pl_module,
-        getattr(pl_module, "hparams", None),
+    """``num_classes`` from the DataModule, the LightningModule or its ``hparams``; ``None`` if none says.
+
+    Raises ``ValueError`` when they say different numbers: which one the data has cannot be guessed.
+    """
+    candidates: list[tuple[str, Any]] = [
+        ("the DataModule", getattr(trainer, "datamodule", None)),
+        ("the LightningModule", pl_module),
+        ("the LightningModule's hparams", getattr(pl_module, "hparams", None)),
     ]
-    for obj in candidates:
+    found: dict[str, int] = {}
+    for where, obj in candidates:
         if obj is None:
             continue
         value = obj.get("num_classes") if isinstance(obj, dict) else getattr(obj, "num_classes", None)
-        if isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_) and value > 1:
-            return int(value)
+        count = _class_count(value)
+        if count is not None:
+            found[where] = count
+    if len(set(found.values())) > 1:
+        said = ", ".join(f"{where} {count}" for where, count in found.items())
+        raise ValueError(
+            f"The number of classes differs between its sources ({said}): make them agree, or pass "
+            "`num_classes=` to the callback."
+        )
+    return next(iter(found.values()), None)
+
+
+def _class_count(value: Any) -> int | None:
+    """``value`` as a number of classes (> 1): an int, or a whole float (``4.0`` from a YAML config)."""
+    if isinstance(value, bool | np.bool_):
+        return None
+    if isinstance(value, numbers.Integral) and value > 1:
+        return int(value)
+    if isinstance(value, numbers.Real) and float(value).is_integer() and value > 1:
+        return int(value)
     return None
 
 
@@ -79,6 +101,8 @@ def cross_entropy_modules(pl_module: nn.Module) -> list[nn.Module]:
     """``nn.CrossEntropyLoss`` submodules, and timm-style ones (``smoothing`` + ``confidence`` attributes)."""
     return [m for m in pl_module.modules() if isinstance(m, nn.CrossEntropyLoss) or _is_timm_smoothing_loss(m)]
 
+
+_MINMAX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 #: torch losses whose targets can only be class indices (``nn.CrossEntropyLoss`` also takes probabilities).
 INDEX_ONLY_LOSSES: tuple[type[nn.Module], ...] = (
@@ -108,11 +132,12 @@ def check_soft_target_losses(pl_module: nn.Module, who: str, *, smoothing_in_tar
                 "does too), or pass `check_loss=False` if this loss is not used in `training_step`."
             )
         if isinstance(m, nn.CrossEntropyLoss) and m.ignore_index >= 0:
+            smoothing_route = "or use `LabelSmoothing(method='loss')`, " if smoothing_in_targets else ""
             raise ValueError(
                 f"{who} gives class probabilities as targets, but {where} has `ignore_index="
                 f"{m.ignore_index}`, which torch does not support with probability targets. Remove "
-                "`ignore_index`, or for label smoothing alone use `LabelSmoothing(method='loss')`, or pass "
-                "`check_loss=False` if this loss is not used in `training_step`."
+                f"`ignore_index`, {smoothing_route}"
+                "or pass `check_loss=False` if this loss is not used in `training_step`."
             )
         if isinstance(m, nn.CrossEntropyLoss) and m.weight is not None and m.reduction == "mean":
             fix = (
@@ -132,8 +157,9 @@ def check_soft_target_losses(pl_module: nn.Module, who: str, *, smoothing_in_tar
         if smoothing_in_targets and isinstance(m, nn.CrossEntropyLoss) and m.label_smoothing > 0:
             raise ValueError(
                 f"{who} puts label smoothing in the targets, but {where} already has `label_smoothing="
-                f"{m.label_smoothing}`: targets would be smoothed twice. Set one of them only (e.g. "
-                "`LabelSmoothing(method='loss')` to let the loss smooth)."
+                f"{m.label_smoothing}`: targets would be smoothed twice. Set one of them only: remove the callback "
+                "and let the loss smooth, or set the loss's `label_smoothing=0` (with `LabelSmoothing(method="
+                "'loss')`, the callback then sets it for training steps only)."
             )
 
 
@@ -424,7 +450,9 @@ class TargetTransformCallback(SpeedupCallback):
                 "the LightningModule (or its hparams) or the DataModule."
             )
         if target.numel():
-            low, high = int(target.min()), int(target.max())
+            # torch has no min/max for uint16/32/64: read those as int64 (labels are small)
+            values = target if target.dtype in _MINMAX_DTYPES else target.long()
+            low, high = int(values.min()), int(values.max())
             if low < 0 or high >= self._classes:
                 raise _out_of_range(who, self._classes, low, high)
 

@@ -10,7 +10,16 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_speedups import CutMix, LabelSmoothing, MixUp, SpeedupWarning, hard_labels
-from tests.helpers import NUM_CLASSES, MemoryLogger, RecordingModule, image_tensors, loaders, trainer, unpack
+from tests.helpers import (
+    NUM_CLASSES,
+    ImagesDataModule,
+    MemoryLogger,
+    RecordingModule,
+    image_tensors,
+    loaders,
+    trainer,
+    unpack,
+)
 
 C = NUM_CLASSES
 
@@ -415,6 +424,37 @@ def test_num_classes_inferred_from_a_numpy_integer():
     model.num_classes = np.int64(C)
     trainer(callbacks=[MixUp()], max_steps=1).fit(model, loaders()[0])
     assert model.train_batches[0][1].shape == (16, C)
+
+
+def test_num_classes_from_a_yaml_float_and_sources_that_disagree():
+    model = RecordingModule(num_classes=None)
+    model.hparams["num_classes"] = float(C)  # 4.0, as a YAML config may give it
+    trainer(callbacks=[MixUp()], max_steps=1).fit(model, loaders()[0])
+    assert model.train_batches[0][1].shape == (16, C)
+
+    class TenClasses(ImagesDataModule):
+        num_classes = 10
+
+    with pytest.raises(ValueError, match=r"differs between its sources \(the DataModule 10, the LightningModule 4"):
+        trainer(callbacks=[MixUp()], max_steps=1).fit(RecordingModule(), datamodule=TenClasses())
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32])
+def test_unsigned_labels_without_torch_min_max_are_checked(dtype):
+    x, y = image_tensors(32)
+    model = RecordingModule()
+    trainer(callbacks=[LabelSmoothing(0.1)], max_steps=1).fit(model, DataLoader(TensorDataset(x, y.to(dtype)), 16))
+    assert torch.allclose(model.train_batches[0][1].sum(1), torch.ones(16))
+
+
+def test_two_label_smoothings_acting_together_are_refused_and_apart_allowed():
+    fit_expecting([LabelSmoothing(0.1), LabelSmoothing(0.1, p=0.99)], "Two LabelSmoothing callbacks act in the same")
+    model = WithLoss(nn.CrossEntropyLoss())
+    callbacks = [LabelSmoothing(0.1, method="loss"), LabelSmoothing(0.2, method="loss", p=0.999)]
+    fit_expecting(callbacks, "smoothed twice", model=model)
+    assert model.criterion.label_smoothing == 0.0  # left as it was
+    apart = [LabelSmoothing(0.1, end=0.5), LabelSmoothing(0.05, start=0.5)]
+    trainer(callbacks=apart, max_epochs=2).fit(RecordingModule(), loaders("list")[0])
 
 
 def test_a_label_out_of_range_in_a_later_batch_gets_the_clear_message():

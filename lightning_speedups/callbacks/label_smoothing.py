@@ -87,6 +87,20 @@ class LabelSmoothing(TargetTransformCallback):
         return x, smooth_labels(target, self.smoothing, num_classes)
 
     # ------------------------------------------------------------------ checks
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage != "fit":
+            return
+        for other in trainer.callbacks:
+            if other is self or not isinstance(other, LabelSmoothing):
+                continue
+            if max(self.start, other.start) < min(self.end, other.end):  # both may act on the same step
+                raise ValueError(
+                    f"Two LabelSmoothing callbacks act in the same part of training ({self.start:g}-{self.end:g} "
+                    f"and {other.start:g}-{other.end:g}): the targets would be smoothed twice. Keep one, or give "
+                    "them windows that do not overlap (`start`/`end`)."
+                )
+
     def check_module(self, pl_module: pl.LightningModule) -> None:
         if self.method == "target":
             check_soft_target_losses(pl_module, "LabelSmoothing(method='target')", smoothing_in_targets=True)
