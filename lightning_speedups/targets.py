@@ -183,7 +183,7 @@ class TargetTransformCallback(SpeedupCallback):
         start: training progress (0 = first step, 1 = end) from which it acts.
         end: training progress from which it stops acting.
         num_classes: number of classes. ``None`` infers it from ``num_classes`` on the DataModule or the
-            LightningModule (or its ``hparams``), else from the width of probability targets.
+            LightningModule (or its ``hparams``), which must agree, else from the width of probability targets.
         input_key: where the batch keeps its input (see :class:`~lightning_speedups.BatchFields`).
         target_key: where the batch keeps its target.
         batch_getter: ``getter(batch) -> (input, target)`` for custom batches, with ``batch_setter``.
