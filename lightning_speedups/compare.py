@@ -155,7 +155,13 @@ def load_object(path: str, what: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except (ImportError, TypeError, ValueError) as err:  # TypeError/ValueError: relative or empty names
-        raise CompareError(f"--{what} {path!r}: cannot import module {module_name!r} ({err}).") from err
+        where = (
+            " It is looked for in the current folder and on PYTHONPATH: run from the folder that holds it, or "
+            "add that folder to PYTHONPATH."
+            if isinstance(err, ModuleNotFoundError)
+            else ""
+        )
+        raise CompareError(f"--{what} {path!r}: cannot import module {module_name!r} ({err}).{where}") from err
     except Exception as err:  # the module itself fails at import: a SyntaxError, NameError, RuntimeError...
         raise CompareError(
             f"--{what} {path!r}: importing module {module_name!r} failed with {type(err).__name__}: {err}; "
@@ -397,8 +403,14 @@ def _run(
         # a setting that does not fit the user's model, data or machine (our callbacks and Lightning raise these
         # up front, at construction or fit start), or a recipe the model cannot take (a fixed input size under
         # resizing): say which run it stopped and where, without a traceback
+        notes = "".join(f" {note}" for note in getattr(err, "__notes__", []))  # e.g. which callback is behind it
+        if cfg.preset is not None and arm not in (BASELINE, BUDGET):
+            notes += (
+                f" The preset's callbacks cannot be changed here: list the ones that suit your model with "
+                f"--callback instead of --preset (`lightning-speedups presets {cfg.preset}` shows them)."
+            )
         raise CompareError(
-            f"the {arm!r} run could not start or stopped: {type(err).__name__}: {err}{_raised_at(err)}"
+            f"the {arm!r} run could not start or stopped: {type(err).__name__}: {err}{_raised_at(err)}.{notes}"
         ) from err
     if not meter.history:  # no metric to compare: the table would be all NaN, and results.json invalid JSON
         raise CompareError(

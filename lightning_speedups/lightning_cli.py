@@ -88,7 +88,13 @@ class SpeedupCLI(LightningCLI):
                 strategy=trainer_cfg.get("strategy", "auto"),
             )
         except ValueError as err:  # e.g. a BatchSizeFinder on several devices: a usage error, said before training
-            self._parser(subcommand).error(str(err))
+            message = str(err)
+            if "BatchSizeFinder" in message:  # the fix it gives is Python's; here it is the command line's
+                message += (
+                    " On the command line: drop `--preset`, set the batch found on your datamodule, and add "
+                    "`--trainer.callbacks+=LinearScalingWarmup --trainer.callbacks.reference_batch_size=B`."
+                )
+            self._parser(subcommand).error(message)
         self._built = (name, accelerator, devices, recipe)  # reused for the Trainer: a function preset runs once
         settings = {"precision": recipe.trainer_kwargs["precision"], "strategy": recipe.trainer_kwargs["strategy"]}
         settings.update(preset.trainer)

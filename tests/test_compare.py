@@ -481,6 +481,7 @@ def test_a_recipe_the_model_cannot_take_gives_a_message_naming_the_run_and_the_l
     err = capsys.readouterr().err
     assert re.search(r"the 'callbacks: ProgressiveResizing.*' run could not start or stopped: RuntimeError", err)
     assert "unusual_models.py" in err and "in forward" in err and "Traceback" not in err
+    assert "ProgressiveResizing had resized this step's images to 4x4 (from 8x8)" in err  # the cause, named
     assert not out.exists()  # no empty report folder left behind
 
 
@@ -505,3 +506,18 @@ def test_an_arm_below_the_zoomed_plot_range_is_named_so_in_the_legend(tmp_path, 
     assert plot_report(report, tmp_path / "a.png")
     labels = [t.get_text() for t in legends[0].get_texts()]
     assert labels == ["baseline", "recipe", "baseline @ 1 steps (below the plotted range; best 0.2000)"]
+
+
+def test_a_preset_that_does_not_suit_the_model_points_to_choosing_callbacks(tmp_path, monkeypatch, capsys):
+    _write_module(tmp_path, monkeypatch, "unusual_models", UNUSUAL_MODELS)
+    args = ["--model", "unusual_models:FlatNet", "--datamodule", "lightning_speedups.demo:DigitsDataModule"]
+    out = tmp_path / "out"
+    assert main(["compare", *args, *TINY[4:], "--repeats", "1", "--preset", "vision-mild", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "ProgressiveResizing had resized" in err and "with --callback instead of --preset" in err
+
+
+def test_a_module_not_found_says_where_it_is_looked_for(capsys, tmp_path):
+    args = ["--model", "no_such_package.models:Net", "--datamodule", "x:Y", "--output", str(tmp_path / "o")]
+    assert main(["compare", *args, "--no-progress"]) == 2
+    assert "run from the folder that holds it, or add that folder to PYTHONPATH" in capsys.readouterr().err

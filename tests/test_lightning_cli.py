@@ -163,7 +163,9 @@ def test_a_users_callback_of_a_presets_class_replaces_the_presets_in_the_cli(mon
 def test_a_batch_size_finder_preset_on_several_devices_is_a_parser_error(capsys):
     with pytest.raises(SystemExit):
         cli(["--preset=large-batch", "--trainer.devices=2"], cls=SpeedupCLI)
-    assert "Preset 'large-batch' has a BatchSizeFinder, which runs on one device only" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "Preset 'large-batch' has a BatchSizeFinder, which runs on one device only" in err
+    assert "--trainer.callbacks+=LinearScalingWarmup --trainer.callbacks.reference_batch_size=B" in err  # CLI form
     with pytest.raises(SystemExit):
         cli(["--preset=large-batch", "--trainer.strategy=ddp"], cls=SpeedupCLI)
     assert "strategy='ddp'" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """ProgressiveResizing in real `Trainer.fit` runs on CPU: sizes per step, modes, validation, resume, logs, errors."""
 
 import copy
+import sys
 from typing import Any
 
 import pytest
@@ -531,3 +532,30 @@ def test_an_epoch_ramp_beyond_the_images():
     with pytest.warns(SpeedupWarning, match="upsampled"):
         trainer(callbacks=[cb], max_epochs=2, limit_train_batches=1).fit(model, loaders("list", size=SIZE)[0])
     assert [size for _, size, _, _ in model.train_seen] == [(8, 8), (24, 24)]
+
+
+class FixedInput(SizeRecorder):
+    """A flatten before the classifier: full-size (16 x 16) inputs only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(SIZE * SIZE, NUM_CLASSES))
+
+
+def test_a_model_with_a_fixed_input_size_is_told_what_the_resizing_did():
+    with pytest.raises(RuntimeError) as info:
+        trainer(callbacks=[ProgressiveResizing(0.5, 0.5, 0.2)], max_epochs=1).fit(FixedInput(), *loaders(size=SIZE))
+    notes = getattr(info.value, "__notes__", [])
+    if sys.version_info >= (3, 11):
+        assert notes and "resized this step's images to 8x8 (from 16x16)" in notes[0]
+
+    # a model that trained at a reduced size and fails later for its own reasons gets no such note
+    class FailsLater(SizeRecorder):
+        def training_step(self, batch, batch_idx):
+            if self.trainer.global_step == 2:
+                raise RuntimeError("the model's own error")
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(RuntimeError, match="the model's own error") as info:
+        trainer(callbacks=[ProgressiveResizing(0.5, 0.5, 0.2)], max_epochs=1).fit(FailsLater(), *loaders(size=SIZE))
+    assert not getattr(info.value, "__notes__", [])

@@ -8,6 +8,7 @@ import copy
 import itertools
 import math
 import sys
+import warnings
 
 import pytest
 import torch
@@ -888,3 +889,26 @@ def test_a_run_resumed_with_another_global_batch_is_warned_about(tmp_path):
     t = trainer(callbacks=[LinearScalingWarmup(8, warmup=2, warmup_unit="steps")], max_epochs=3)
     with pytest.warns(SpeedupWarning, match=r"global batch of 16, this one has 32 .* from x 2 to x 4 at once"):
         t.fit(AmpModule(), datamodule=ImagesDataModule(n=64, batch_size=32), ckpt_path=tmp_path / "epoch=1-step=5.ckpt")
+
+
+def test_a_batch_larger_than_the_dataset_scales_by_the_samples_it_holds():
+    """BatchSizeFinder stops at or beyond a small dataset's size; the batch a step sees is the dataset."""
+    module = WarmupModule("none", batch_size=128)  # 64 samples: one batch of 64 per epoch
+    warmup = LinearScalingWarmup(16, warmup=0, warmup_unit="steps")
+    fit(module, [warmup], max_epochs=1)
+    assert warmup.scale == 4.0 and module.used == pytest.approx([LR * 4])  # not x 8
+
+
+class AdamModule(WarmupModule):
+    def configure_optimizers(self):
+        self.opt = torch.optim.AdamW(self.parameters(), lr=LR)
+        return self.opt
+
+
+def test_the_linear_rule_on_an_adaptive_optimizer_suggests_the_square_root_rule():
+    with pytest.warns(SpeedupWarning, match=r"linear rule multiplies the learning rate of AdamW by 2.*rule='sqrt'"):
+        fit(AdamModule("none"), [LinearScalingWarmup(8, warmup=1, warmup_unit="steps")], max_epochs=1)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "the linear rule", SpeedupWarning)
+        fit(AdamModule("none"), [LinearScalingWarmup(8, warmup=1, warmup_unit="steps", rule="sqrt")], max_epochs=1)
+        fit(WarmupModule("none"), [LinearScalingWarmup(8, warmup=1, warmup_unit="steps")], max_epochs=1)  # SGD

@@ -222,6 +222,7 @@ class ProgressiveResizing(SpeedupCallback):
 
         self._plan: ResizePlan | None = None  # of the last training batch
         self._size: tuple[int, int] | None = None  # of the last training batch, after resizing
+        self._reduced_step_done = False  # a training step at a reduced size has gone through
         self._full: tuple[int, int] | None = None  # of the last training batch, before resizing
         self._val_size: tuple[int, int] | None = None
         self._cache: deque[Tensor] = deque(maxlen=self.calibration_batches)
@@ -459,6 +460,7 @@ class ProgressiveResizing(SpeedupCallback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
+        self._reduced_step_done = False
         self._has_bn = bool(batchnorm_layers(pl_module, lazy=True))  # here: after `configure_model`
         if self.mode != "pipeline":
             return
@@ -607,8 +609,27 @@ class ProgressiveResizing(SpeedupCallback):
             self.log_now(trainer, {"val_height": float(height), "val_width": float(width)})
         self._val_size = None
 
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not self._reduced_step_done and self._size != self._full:
+            self._reduced_step_done = True
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._release()  # a validation that raised must not leave the full-size statistics in the model
+        resized = self._size is not None and self._full is not None and self._size != self._full
+        if isinstance(exception, RuntimeError) and resized and not self._reduced_step_done and trainer.training:
+            # the model's own error (a shape mismatch in its forward) says nothing of the resizing behind it
+            (height, width), (full_h, full_w) = self._size, self._full  # type: ignore[misc]
+            note = (
+                f"ProgressiveResizing had resized this step's images to {height}x{width} (from {full_h}x{full_w}), "
+                "and no step at a reduced size had gone through: a model with a fixed input size (a flatten "
+                "before a Linear layer, position embeddings without interpolation) cannot train on them. Make "
+                "the model size-agnostic (global average pooling), or leave ProgressiveResizing out."
+            )
+            if hasattr(exception, "add_note"):  # Python 3.11+
+                exception.add_note(note)
         super().on_exception(trainer, pl_module, exception)
 
     def on_save_checkpoint(

@@ -224,6 +224,7 @@ class LinearScalingWarmup(SpeedupCallback):
             self._done = [self._share_from_updates(u, plan) for u in self._updates]
         self._check_length(trainer, plan)
         self._check_resumed_batch(plan)
+        self._check_rule(trainer, plan)
         self._register(trainer)
 
     def on_train_batch_start(
@@ -568,6 +569,18 @@ class LinearScalingWarmup(SpeedupCallback):
         )
         return self._plan
 
+    def _check_rule(self, trainer: pl.Trainer, plan: _Plan) -> None:
+        """The linear rule raising the learning rate of an Adam-family optimizer: say what is usual instead."""
+        if self.rule != "linear" or plan.scale <= 1.0:
+            return
+        adaptive = sorted({type(o).__name__ for o in trainer.optimizers if _is_adaptive(o)})
+        if adaptive:
+            self.warn(
+                f"the linear rule multiplies the learning rate of {', '.join(adaptive)} by {plan.scale:.4g}; it was "
+                "found for SGD with momentum (Goyal et al.), and adaptive optimizers usually take the square-root "
+                "rule: `LinearScalingWarmup(rule='sqrt')` (in a preset: `LinearScalingWarmup={'rule': 'sqrt'}`)."
+            )
+
     def _check_resumed_batch(self, plan: _Plan) -> None:
         """Warn when a resumed run's global batch differs from the checkpoint's: the scale jumps at once."""
         before = self.__dict__.pop("_restored_global_batch", None)
@@ -680,13 +693,21 @@ def _is_index(value: Any) -> bool:
     return _checks.is_integral(value) and value >= 0
 
 
+def _is_adaptive(optimizer: Optimizer) -> bool:
+    """An Adam-family (per-parameter adaptive) optimizer: Adam, AdamW, NAdam, RAdam, Adamax, Adagrad, RMSprop,
+    and others named so (LAMB, Adafactor, ...)."""
+    names = [c.__name__.lower() for c in type(optimizer).__mro__]
+    keys = ("adam", "adagrad", "adadelta", "rmsprop", "lamb", "adafactor", "lion", "sophia")
+    return any(key in name for name in names for key in keys)
+
+
 def _loader_batch_size(loader: Any) -> int:
     if isinstance(loader, DataLoader):
         if loader.batch_size is not None:
-            return int(loader.batch_size)
+            return _at_most_an_epoch(loader, int(loader.batch_size), bool(loader.drop_last))
         size = getattr(loader.batch_sampler, "batch_size", None)
         if isinstance(size, int) and size > 0:
-            return size
+            return _at_most_an_epoch(loader, size, bool(getattr(loader.batch_sampler, "drop_last", False)))
         what = "its batch sampler has no `batch_size`"
     elif loader is None:
         what = "there is no training loader"
@@ -696,6 +717,17 @@ def _loader_batch_size(loader: Any) -> int:
         f"LinearScalingWarmup cannot read the per-device batch size: {what}. Pass it: "
         "`LinearScalingWarmup(..., batch_size=<samples per device per step>)`."
     )
+
+
+def _at_most_an_epoch(loader: DataLoader, size: int, drop_last: bool) -> int:
+    """``size``, or the samples of one epoch on this device when there are fewer (and the short batch is kept):
+    a batch as large as a small dataset or larger (``BatchSizeFinder`` stops at or beyond it) is that dataset."""
+    sampler = getattr(loader.batch_sampler, "sampler", None) or loader.sampler
+    try:
+        samples = len(sampler)
+    except TypeError:  # an iterable dataset: no epoch length
+        return size
+    return samples if 0 < samples < size and not drop_last else size
 
 
 def _total_steps(trainer: pl.Trainer, *, from_epoch: int = 0, steps_before: int = 0) -> float | None:
