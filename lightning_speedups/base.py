@@ -92,6 +92,12 @@ def updating_batchnorm_only(trainer: pl.Trainer) -> bool:
     return bool(getattr(trainer.fit_loop, "_skip_backward", False))
 
 
+def has_weight_averaging(trainer: pl.Trainer) -> bool:
+    """Whether a ``StochasticWeightAveraging`` callback is in the trainer: only then can a training epoch skip
+    the backward pass (:func:`updating_batchnorm_only`, a chain of Lightning properties, not read otherwise)."""
+    return any(isinstance(cb, StochasticWeightAveraging) for cb in trainer.callbacks)
+
+
 def run_length(
     trainer: pl.Trainer, *, from_epoch: int = 0, steps_before: int = 0, with_max_steps: bool = True
 ) -> float:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning.pytorch.callbacks import StochasticWeightAveraging
 from lightning.pytorch.trainer.states import RunningStage
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class BatchTransformSeam:
         # whenever `trainer.callbacks` is another list object: one identity check per batch.
         self._active: list[Any] = []
         self._active_for: Any = None
+        self._weight_averaging = False
 
     def __call__(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
         batch = self._original(batch, device, dataloader_idx)
@@ -56,7 +58,7 @@ class BatchTransformSeam:
         if trainer.callbacks is not self._active_for:
             self._refresh_active()
         if stage is RunningStage.TRAINING:
-            if trainer.fit_loop._skip_backward:
+            if self._weight_averaging and trainer.fit_loop._skip_backward:
                 # StochasticWeightAveraging's last epoch: forward passes that re-estimate the BatchNorm statistics
                 # of the averaged weights, on the data as validation will see it (not mixed, not resized)
                 return batch
@@ -82,6 +84,8 @@ class BatchTransformSeam:
         present = {id(cb) for cb in callbacks}
         self._active = [cb for cb in self.transforms if id(cb) in present]
         self._active_for = callbacks
+        # only StochasticWeightAveraging makes an epoch skip the backward pass: read the flag only with it
+        self._weight_averaging = any(isinstance(cb, StochasticWeightAveraging) for cb in callbacks)
 
 
 def install(trainer: pl.Trainer, callback: Any) -> BatchTransformSeam:

@@ -14,7 +14,14 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from lightning_speedups import _checks
-from lightning_speedups.base import SpeedupCallback, accumulation, run_length, steps_per_batch, updating_batchnorm_only
+from lightning_speedups.base import (
+    SpeedupCallback,
+    accumulation,
+    has_weight_averaging,
+    run_length,
+    steps_per_batch,
+    updating_batchnorm_only,
+)
 from lightning_speedups.functional.warmup import (
     SCALING_RULES,
     WARMUP_STARTS,
@@ -147,6 +154,7 @@ class LinearScalingWarmup(SpeedupCallback):
         self._written: dict[int, list[Any]] = {}  # the scaled learning rates set, to tell if they were changed since
         self._skipped: set[int] = set()  # optimizers whose closure returned None (a skipped `training_step`)
         self._automatic = True
+        self._weight_averaging = False
         self._plan: _Plan | None = None
         # the plan's inputs (loader, accumulation) change only between epochs: re-read at an epoch's first update
         self._plan_stale = True
@@ -320,7 +328,7 @@ class LinearScalingWarmup(SpeedupCallback):
         # `in` compares by identity here (callbacks have no `__eq__`)
         if trainer is None or self not in trainer.callbacks:
             return None  # not our run: a BatchSizeFinder/LR-finder trial runs with other callbacks
-        if updating_batchnorm_only(trainer):
+        if self._weight_averaging and updating_batchnorm_only(trainer):
             return None  # SWA's BatchNorm epoch: no gradients, accumulation over the whole epoch; not counted
         i = self._index(optimizer)
         if i is None:
@@ -332,7 +340,7 @@ class LinearScalingWarmup(SpeedupCallback):
         self._last_factor = self._last_factors[i] = factor
         # while warming up, an update whose closure returns None (Lightning's skipped `training_step`) is no
         # update: in mixed precision Lightning skips the step; in 32-bit it steps with no gradients
-        watch = self._automatic and self._share_done(i, plan) < 1.0
+        watch = self._automatic and self._updates[i] < plan.warmup_steps  # type: ignore[index]
         return self._wrap_closure(i, factor, args, kwargs, watch=watch)
 
     def _apply(self, i: int, factor: float) -> None:
@@ -490,6 +498,7 @@ class LinearScalingWarmup(SpeedupCallback):
         self._optimizers = list(trainer.optimizers)
         module = trainer.lightning_module
         self._automatic = module is None or bool(module.automatic_optimization)
+        self._weight_averaging = has_weight_averaging(trainer)
         self._names = _optimizer_names(self._optimizers, trainer.lr_scheduler_configs)
         self._last_lrs = {}
         assert self._updates is not None and self._done is not None and self._plan is not None
