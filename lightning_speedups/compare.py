@@ -514,9 +514,13 @@ def _run_arms(
     runs: list[RunResult] = []
     try:
         with _quiet_lightning():
-            # Two untimed steps of the recipe first: the first fit in a process pays imports and first calls,
-            # which would otherwise land on whichever arm runs first (the recipe, in repeat 1).
-            _run(label, 0, cfg, make_model, make_dm, _measure_at_full_size(make_callbacks()), extra, None, max_steps=2)
+            # Two untimed steps of the plain model first: the first fit in a process pays imports and first
+            # calls, which would otherwise land on whichever arm runs first (the recipe, in repeat 1). The plain
+            # model's: a recipe's callbacks would judge themselves against a 2-step run and warn, and a batch-size
+            # search would run in full.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                _run(BASELINE, 0, cfg, make_model, make_dm, [], {}, None, max_steps=2)
             for repeat in range(cfg.repeats):
                 # alternate which of the two goes first, so a slow spell does not always hit the same arm
                 pair: dict[str, RunResult] = {}

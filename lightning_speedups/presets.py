@@ -233,10 +233,9 @@ def _load_entry_points() -> None:
             if _REGISTRY.get(name) is not preset:
                 _REGISTRY[name] = preset
                 problems.append(f"Ignored the preset {name!r} that {where} registered: that name exists already.")
-        added = [preset for name, preset in _REGISTRY.items() if name not in before]
         if isinstance(obj, types.ModuleType):
             continue  # a module whose import registered its presets (`@register_preset`, `register`)
-        if callable(obj) and any(preset.factory is obj for preset in added):
+        if callable(obj) and any(preset.factory is obj for preset in _REGISTRY.values()):
             continue  # a function that `@register_preset` registered as the module was imported
         if not isinstance(obj, Preset):
             problems.append(

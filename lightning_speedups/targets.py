@@ -53,19 +53,20 @@ def infer_num_classes(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int
 
     Raises ``ValueError`` when they say different numbers: which one the data has cannot be guessed.
     """
-    candidates: list[tuple[str, Any]] = [
-        ("the DataModule", getattr(trainer, "datamodule", None)),
-        ("the LightningModule", pl_module),
-        ("the LightningModule's hparams", getattr(pl_module, "hparams", None)),
-    ]
     found: dict[str, int] = {}
-    for where, obj in candidates:
-        if obj is None:
-            continue
-        value = obj.get("num_classes") if isinstance(obj, dict) else getattr(obj, "num_classes", None)
-        count = _class_count(value)
-        if count is not None:
-            found[where] = count
+    datamodule = getattr(trainer, "datamodule", None)
+    count = _class_count(getattr(datamodule, "num_classes", None)) if datamodule is not None else None
+    if count is not None:
+        found["the DataModule"] = count
+    # the module's own attribute (set in its `setup`, say) over its hparams (which may keep a signature default)
+    count = _class_count(getattr(pl_module, "num_classes", None))
+    where = "the LightningModule"
+    if count is None:
+        hparams = getattr(pl_module, "hparams", None)
+        count = _class_count(hparams.get("num_classes")) if isinstance(hparams, Mapping) else None
+        where = "the LightningModule's hparams"
+    if count is not None:
+        found[where] = count
     if len(set(found.values())) > 1:
         said = ", ".join(f"{where} {count}" for where, count in found.items())
         raise ValueError(

@@ -521,3 +521,14 @@ def test_a_module_not_found_says_where_it_is_looked_for(capsys, tmp_path):
     args = ["--model", "no_such_package.models:Net", "--datamodule", "x:Y", "--output", str(tmp_path / "o")]
     assert main(["compare", *args, "--no-progress"]) == 2
     assert "run from the folder that holds it, or add that folder to PYTHONPATH" in capsys.readouterr().err
+
+
+def test_the_untimed_warm_up_run_raises_no_warning_of_its_own(tmp_path):
+    """A recipe judged against a 2-step run would warn (a warmup longer than training) about runs that are fine."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        args = ["--callback", "LinearScalingWarmup:reference_batch_size=64,warmup=1", "--repeats", "1"]
+        assert main(["compare", *args, *TINY, "--no-budget-baseline", "--output", str(tmp_path / "o")]) == 0
+    assert not [w for w in caught if "longer than training" in str(w.message)]

@@ -326,3 +326,8 @@ def test_a_tensor_rate_is_switched_off_and_given_back_as_the_same_tensor(make):
     by_hand = [type(s)(s.name, s.kind, s.attribute, s.value) for s in disable_dropout(net)]  # as from a checkpoint
     restore_dropout(net, by_hand)
     assert isinstance(net[1].p, torch.Tensor) and float(net[1].p) == pytest.approx(0.3)
+    sites = disable_dropout(net)
+    net.double()  # moved or cast while switched off (Lightning moves the model to the CPU before teardown)
+    restore_dropout(net, sites)
+    if isinstance(net[1], BufferRateDropout):  # a buffer follows the model: given back as the model holds it now
+        assert net[1].p.dtype == torch.float64 and float(net[1].p) == pytest.approx(0.3)

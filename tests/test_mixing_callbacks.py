@@ -437,6 +437,10 @@ def test_num_classes_from_a_yaml_float_and_sources_that_disagree():
 
     with pytest.raises(ValueError, match=r"differs between its sources \(the DataModule 10, the LightningModule 4"):
         trainer(callbacks=[MixUp()], max_steps=1).fit(RecordingModule(), datamodule=TenClasses())
+    model = RecordingModule()  # its own attribute (4, as the data) over an hparams default of another task
+    model.hparams["num_classes"] = 1000
+    trainer(callbacks=[MixUp()], max_steps=1).fit(model, loaders()[0])
+    assert model.train_batches[0][1].shape == (16, C)
 
 
 @pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32])

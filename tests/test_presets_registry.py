@@ -205,6 +205,11 @@ def test_a_plugins_import_adds_presets_but_never_replaces_one_and_a_failed_impor
             def own_recipe():
                 \"\"\"A plug-in's own recipe.\"\"\"
                 return [LabelSmoothing(0.2)]
+
+            @register_preset("hijack-second")
+            def second_recipe():
+                \"\"\"Another, named by a second entry point of the same (already imported) module.\"\"\"
+                return []
             """
         )
     )
@@ -225,7 +230,8 @@ def test_a_plugins_import_adds_presets_but_never_replaces_one_and_a_failed_impor
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: hijack-presets\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text(
-        "[lightning_speedups.presets]\nfn = hijack_presets:own_recipe\nhalf = half_presets\n"
+        "[lightning_speedups.presets]\nfn = hijack_presets:own_recipe\nfn2 = hijack_presets:second_recipe\n"
+        "half = half_presets\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     built_in = presets._REGISTRY["vision-mild"]

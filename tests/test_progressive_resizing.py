@@ -559,3 +559,11 @@ def test_a_model_with_a_fixed_input_size_is_told_what_the_resizing_did():
     with pytest.raises(RuntimeError, match="the model's own error") as info:
         trainer(callbacks=[ProgressiveResizing(0.5, 0.5, 0.2)], max_epochs=1).fit(FailsLater(), *loaders(size=SIZE))
     assert not getattr(info.value, "__notes__", [])
+
+    class FailsAtOnce(SizeRecorder):  # size-agnostic, failing at its first step for a reason of its own
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("CUDA error: device-side assert triggered")
+
+    with pytest.raises(RuntimeError, match="device-side assert") as info:
+        trainer(callbacks=[ProgressiveResizing(0.5, 0.5, 0.2)], max_epochs=1).fit(FailsAtOnce(), *loaders(size=SIZE))
+    assert not getattr(info.value, "__notes__", [])  # not a shape error: no word about the resizing

@@ -912,3 +912,23 @@ def test_the_linear_rule_on_an_adaptive_optimizer_suggests_the_square_root_rule(
         warnings.filterwarnings("error", "the linear rule", SpeedupWarning)
         fit(AdamModule("none"), [LinearScalingWarmup(8, warmup=1, warmup_unit="steps", rule="sqrt")], max_epochs=1)
         fit(WarmupModule("none"), [LinearScalingWarmup(8, warmup=1, warmup_unit="steps")], max_epochs=1)  # SGD
+
+
+def test_a_batch_asked_beyond_the_dataset_keeps_the_scale_at_one_on_one_device():
+    module = WarmupModule("none", batch_size=128)  # 64 samples; the reference is the batch asked for
+    warmup = LinearScalingWarmup("initial", warmup=0, warmup_unit="steps")
+    fit(module, [warmup], max_epochs=1)
+    assert warmup.scale == 1.0 and module.used == pytest.approx([LR])
+
+
+class SkipsEverySecondBatch(WarmupModule):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        return None if batch_idx % 2 else loss
+
+
+def test_under_accumulation_a_skipped_last_batch_still_counts_as_the_windows_update():
+    """The window's earlier gradients are applied: a real update, which the warmup counts."""
+    warmup = LinearScalingWarmup(8, warmup=4, warmup_unit="steps")
+    t = fit(SkipsEverySecondBatch("none"), [warmup], max_epochs=2, accumulate_grad_batches=2)
+    assert warmup.updates == [t.global_step] == [4]  # 4 batches per epoch, 2 per update

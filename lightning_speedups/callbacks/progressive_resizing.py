@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict
@@ -61,6 +62,10 @@ def _integer(name: str, value: Any, minimum: int) -> int:
     checked = _checks.optional_int(name, value, minimum=minimum)
     assert checked is not None
     return checked
+
+
+#: torch's messages for inputs of a size a layer cannot take (a flatten before a Linear, a fixed embedding)
+_SHAPE_ERROR = re.compile(r"shape|size mismatch|must match the size|mat1 and mat2|Expected .*size|input size", re.I)
 
 
 class ProgressiveResizing(SpeedupCallback):
@@ -619,7 +624,13 @@ class ProgressiveResizing(SpeedupCallback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._release()  # a validation that raised must not leave the full-size statistics in the model
         resized = self._size is not None and self._full is not None and self._size != self._full
-        if isinstance(exception, RuntimeError) and resized and not self._reduced_step_done and trainer.training:
+        if (
+            isinstance(exception, RuntimeError)
+            and resized
+            and not self._reduced_step_done
+            and trainer.training
+            and _SHAPE_ERROR.search(str(exception))
+        ):
             # the model's own error (a shape mismatch in its forward) says nothing of the resizing behind it
             (height, width), (full_h, full_w) = self._size, self._full  # type: ignore[misc]
             note = (

@@ -340,7 +340,8 @@ class LinearScalingWarmup(SpeedupCallback):
         self._last_factor = self._last_factors[i] = factor
         # while warming up, an update whose closure returns None (Lightning's skipped `training_step`) is no
         # update: in mixed precision Lightning skips the step; in 32-bit it steps with no gradients
-        watch = self._automatic and self._updates[i] < plan.warmup_steps  # type: ignore[index]
+        # (with accumulation, a skipped last batch still steps with the window's earlier gradients: an update)
+        watch = self._automatic and plan.key[1] == 1 and self._updates[i] < plan.warmup_steps  # type: ignore[index]
         return self._wrap_closure(i, factor, args, kwargs, watch=watch)
 
     def _apply(self, i: int, factor: float) -> None:
@@ -536,6 +537,11 @@ class LinearScalingWarmup(SpeedupCallback):
         if self.reference_batch_size == "initial" and self._initial_reference is None:
             self._initial_reference = batch_size * accumulate
         reference = self._reference()
+        samples = _epoch_samples(trainer.train_dataloader) if self.reference_batch_size == "initial" else None
+        if samples is not None:
+            # the batch the script asked for, beyond the whole epoch, is the epoch (as the per-device batch is):
+            # on one device the scale stays 1
+            reference = min(reference, samples * world_size * accumulate)
         scale = batch_scale(global_batch, reference, self.rule)
         per_epoch = total = None
         if self.warmup == 0:  # no ramp: its length needs neither a sized loader nor a bounded run
@@ -705,18 +711,18 @@ def _is_index(value: Any) -> bool:
 def _is_adaptive(optimizer: Optimizer) -> bool:
     """An Adam-family (per-parameter adaptive) optimizer: Adam, AdamW, NAdam, RAdam, Adamax, Adagrad, RMSprop,
     and others named so (LAMB, Adafactor, ...)."""
-    names = [c.__name__.lower() for c in type(optimizer).__mro__]
-    keys = ("adam", "adagrad", "adadelta", "rmsprop", "lamb", "adafactor", "lion", "sophia")
-    return any(key in name for name in names for key in keys)
+    names = {c.__name__.lower() for c in type(optimizer).__mro__}
+    known = {"adagrad", "adadelta", "rmsprop", "lamb", "fusedlamb", "adafactor", "lion", "sophia", "sophiag"}
+    return any("adam" in name for name in names) or bool(names & known)
 
 
 def _loader_batch_size(loader: Any) -> int:
     if isinstance(loader, DataLoader):
         if loader.batch_size is not None:
-            return _at_most_an_epoch(loader, int(loader.batch_size), bool(loader.drop_last))
+            return _at_most_an_epoch(loader, int(loader.batch_size))
         size = getattr(loader.batch_sampler, "batch_size", None)
         if isinstance(size, int) and size > 0:
-            return _at_most_an_epoch(loader, size, bool(getattr(loader.batch_sampler, "drop_last", False)))
+            return _at_most_an_epoch(loader, size)
         what = "its batch sampler has no `batch_size`"
     elif loader is None:
         what = "there is no training loader"
@@ -728,15 +734,27 @@ def _loader_batch_size(loader: Any) -> int:
     )
 
 
-def _at_most_an_epoch(loader: DataLoader, size: int, drop_last: bool) -> int:
-    """``size``, or the samples of one epoch on this device when there are fewer (and the short batch is kept):
-    a batch as large as a small dataset or larger (``BatchSizeFinder`` stops at or beyond it) is that dataset."""
+def _epoch_samples(loader: Any) -> int | None:
+    """Samples of one epoch on this device (its sampler's length); ``None`` when the loader cannot tell, or drops
+    its last short batch (then no batch is ever smaller than its batch size)."""
+    if not isinstance(loader, DataLoader):
+        return None
+    drop_last = loader.drop_last if loader.batch_size is not None else getattr(loader.batch_sampler, "drop_last", 0)
+    if drop_last:
+        return None
     sampler = getattr(loader.batch_sampler, "sampler", None) or loader.sampler
     try:
         samples = len(sampler)
     except TypeError:  # an iterable dataset: no epoch length
-        return size
-    return samples if 0 < samples < size and not drop_last else size
+        return None
+    return samples or None
+
+
+def _at_most_an_epoch(loader: DataLoader, size: int) -> int:
+    """``size``, or the samples of one epoch on this device when there are fewer: a batch as large as a small
+    dataset or larger (``BatchSizeFinder`` stops at or beyond it) is that dataset."""
+    samples = _epoch_samples(loader)
+    return samples if samples is not None and samples < size else size
 
 
 def _total_steps(trainer: pl.Trainer, *, from_epoch: int = 0, steps_before: int = 0) -> float | None:

@@ -187,10 +187,17 @@ def restore_dropout(model: nn.Module, sites: list[DropoutSite]) -> None:
     for site in sites:
         module = _site_module(model, site)
         if module is not None:
+            current = getattr(module, site.attribute, None)
             value = site.original
-            if value is None:  # a float, or a site read back from a checkpoint
-                value = _value_like(getattr(module, site.attribute, None), site.value)
+            if value is None or not _same_place(value, current):
+                # a float, a site read back from a checkpoint, or a model moved (or cast) since: the value, held
+                # as the attribute now holds it
+                value = _value_like(current, site.value)
             setattr(module, site.attribute, value)
+
+
+def _same_place(original: Tensor, current: object) -> bool:
+    return not isinstance(current, Tensor) or (original.device == current.device and original.dtype == current.dtype)
 
 
 def _value_like(current: object, value: float) -> object:
