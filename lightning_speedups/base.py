@@ -85,19 +85,6 @@ def training_epochs(trainer: pl.Trainer) -> int | None:
     return max_epochs
 
 
-def updating_batchnorm_only(trainer: pl.Trainer) -> bool:
-    """Whether the training loop skips the backward pass: ``StochasticWeightAveraging``'s last epoch, whose
-    forward passes only re-estimate BatchNorm statistics. Its batches should be the data as they come, not
-    mixed or resized."""
-    return bool(getattr(trainer.fit_loop, "_skip_backward", False))
-
-
-def has_weight_averaging(trainer: pl.Trainer) -> bool:
-    """Whether a ``StochasticWeightAveraging`` callback is in the trainer: only then can a training epoch skip
-    the backward pass (:func:`updating_batchnorm_only`, a chain of Lightning properties, not read otherwise)."""
-    return any(isinstance(cb, StochasticWeightAveraging) for cb in trainer.callbacks)
-
-
 def run_length(
     trainer: pl.Trainer, *, from_epoch: int = 0, steps_before: int = 0, with_max_steps: bool = True
 ) -> float:

@@ -58,7 +58,7 @@ class BatchTransformSeam:
         if trainer.callbacks is not self._active_for:
             self._refresh_active()
         if stage is RunningStage.TRAINING:
-            if self._weight_averaging and trainer.fit_loop._skip_backward:
+            if self._weight_averaging and updating_batchnorm_only(trainer):
                 # StochasticWeightAveraging's last epoch: forward passes that re-estimate the BatchNorm statistics
                 # of the averaged weights, on the data as validation will see it (not mixed, not resized)
                 return batch
@@ -84,8 +84,20 @@ class BatchTransformSeam:
         present = {id(cb) for cb in callbacks}
         self._active = [cb for cb in self.transforms if id(cb) in present]
         self._active_for = callbacks
-        # only StochasticWeightAveraging makes an epoch skip the backward pass: read the flag only with it
-        self._weight_averaging = any(isinstance(cb, StochasticWeightAveraging) for cb in callbacks)
+        self._weight_averaging = has_weight_averaging(self.trainer)
+
+
+def updating_batchnorm_only(trainer: pl.Trainer) -> bool:
+    """Whether the training loop skips the backward pass: ``StochasticWeightAveraging``'s last epoch, whose
+    forward passes only re-estimate BatchNorm statistics. Its batches should be the data as they come, not
+    mixed or resized."""
+    return bool(getattr(trainer.fit_loop, "_skip_backward", False))
+
+
+def has_weight_averaging(trainer: pl.Trainer) -> bool:
+    """Whether a ``StochasticWeightAveraging`` callback is in the trainer: only then can a training epoch skip
+    the backward pass (:func:`updating_batchnorm_only`, a chain of Lightning properties, not read otherwise)."""
+    return any(isinstance(cb, StochasticWeightAveraging) for cb in trainer.callbacks)
 
 
 def install(trainer: pl.Trainer, callback: Any) -> BatchTransformSeam:

@@ -33,6 +33,7 @@ from lightning_speedups import _checks
 from lightning_speedups._rng import BatchRandom
 from lightning_speedups.base import SpeedupCallback
 from lightning_speedups.batch import BatchFields, BatchGetter, BatchSetter, Key, _write
+from lightning_speedups.functional.mixing import _INDEX_DTYPES  # the dtypes torch has min/max for, too
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -78,11 +79,9 @@ def infer_num_classes(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int
 
 def _class_count(value: Any) -> int | None:
     """``value`` as a number of classes (> 1): an int, or a whole float (``4.0`` from a YAML config)."""
-    if isinstance(value, bool | np.bool_):
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
         return None
-    if isinstance(value, numbers.Integral) and value > 1:
-        return int(value)
-    if isinstance(value, numbers.Real) and float(value).is_integer() and value > 1:
+    if float(value).is_integer() and value > 1:
         return int(value)
     return None
 
@@ -102,8 +101,6 @@ def cross_entropy_modules(pl_module: nn.Module) -> list[nn.Module]:
     """``nn.CrossEntropyLoss`` submodules, and timm-style ones (``smoothing`` + ``confidence`` attributes)."""
     return [m for m in pl_module.modules() if isinstance(m, nn.CrossEntropyLoss) or _is_timm_smoothing_loss(m)]
 
-
-_MINMAX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 #: torch losses whose targets can only be class indices (``nn.CrossEntropyLoss`` also takes probabilities).
 INDEX_ONLY_LOSSES: tuple[type[nn.Module], ...] = (
@@ -452,7 +449,7 @@ class TargetTransformCallback(SpeedupCallback):
             )
         if target.numel():
             # torch has no min/max for uint16/32/64: read those as int64 (labels are small)
-            values = target if target.dtype in _MINMAX_DTYPES else target.long()
+            values = target if target.dtype in _INDEX_DTYPES else target.long()
             low, high = int(values.min()), int(values.max())
             if low < 0 or high >= self._classes:
                 raise _out_of_range(who, self._classes, low, high)

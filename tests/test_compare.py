@@ -454,19 +454,7 @@ class FlatNet(ImageClassifier):
 def test_a_validation_that_does_not_log_the_metric_adds_no_point(tmp_path, monkeypatch):
     """Lightning keeps the last logged value: read again, it would be a new point with a later time."""
     _write_module(tmp_path, monkeypatch, "unusual_models", UNUSUAL_MODELS)
-    cfg = CompareConfig(
-        callbacks=["LabelSmoothing"],
-        model="unusual_models:EveryOther",
-        datamodule="lightning_speedups.demo:DigitsDataModule",
-        model_args={"widths": [8, 16]},
-        datamodule_args={"size": 8, "batch_size": 128},
-        accelerator="cpu",
-        max_epochs=4,
-        repeats=1,
-        budget_baseline=False,
-        progress=False,
-        output=None,
-    )
+    cfg = _labelsmoothing_config(model="unusual_models:EveryOther", max_epochs=4, repeats=1, budget_baseline=False)
     report = run_comparison(cfg, out=io.StringIO())
     for run in report.runs:
         assert [c.epoch for c in run.history] == [0, 2]

@@ -23,6 +23,17 @@ def registry():
     presets._entry_points_loaded = loaded
 
 
+def _install_plugin(tmp_path, monkeypatch, dist: str, entry_points: str) -> None:
+    """A distribution ``dist`` installed in ``tmp_path`` whose ``lightning_speedups.presets`` entry points are the
+    lines of ``entry_points``; the plug-ins are loaded again at the next ``names()``."""
+    info = tmp_path / f"{dist}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[lightning_speedups.presets]\n" + entry_points)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    presets._entry_points_loaded = False
+
+
 def test_unknown_name_lists_known_names_and_the_closest(registry):
     presets.register(declarative("mixing-demo", "demo", "demo", [("MixUp", {})]))
     with pytest.raises(UnknownPresetError) as info:
@@ -84,24 +95,14 @@ def test_entry_point_group_registers_third_party_presets(registry, tmp_path, mon
             """
         )
     )
-    dist = tmp_path / "acme_presets-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-presets\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[lightning_speedups.presets]\nacme = acme_presets:ACME\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    presets._entry_points_loaded = False
+    _install_plugin(tmp_path, monkeypatch, "acme_presets", "acme = acme_presets:ACME\n")
     assert "acme-fast" in presets.names()
     assert presets.get("acme-fast").callbacks[0].smoothing == 0.2
     sys.modules.pop("acme_presets", None)
 
 
 def test_broken_entry_point_warns_and_keeps_the_built_ins(registry, tmp_path, monkeypatch):
-    dist = tmp_path / "broken-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[lightning_speedups.presets]\nbad = no_such_module:X\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    presets._entry_points_loaded = False
+    _install_plugin(tmp_path, monkeypatch, "broken", "bad = no_such_module:X\n")
     with pytest.warns(UserWarning, match="Could not load preset entry point 'bad'"):
         assert "baseline" in presets.names()
 
@@ -167,15 +168,13 @@ def test_plugins_that_are_invalid_or_clash_are_each_warned_about_and_the_others_
             """
         )
     )
-    dist = tmp_path / "mixed_presets-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: mixed-presets\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(
-        "[lightning_speedups.presets]\na = mixed_presets:NAMELESS\nb = mixed_presets:CLASH\n"
-        "c = mixed_presets:NOT_A_PRESET\nd = mixed_presets:GOOD\ne = mixed_presets\n"
+    _install_plugin(
+        tmp_path,
+        monkeypatch,
+        "mixed_presets",
+        "a = mixed_presets:NAMELESS\nb = mixed_presets:CLASH\n"
+        "c = mixed_presets:NOT_A_PRESET\nd = mixed_presets:GOOD\ne = mixed_presets\n",
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    presets._entry_points_loaded = False
     with pytest.warns(UserWarning) as record:
         known = presets.names()
     text = "\n".join(str(w.message) for w in record)
@@ -226,16 +225,13 @@ def test_a_plugins_import_adds_presets_but_never_replaces_one_and_a_failed_impor
             """
         )
     )
-    dist = tmp_path / "hijack_presets-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: hijack-presets\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(
-        "[lightning_speedups.presets]\nfn = hijack_presets:own_recipe\nfn2 = hijack_presets:second_recipe\n"
-        "half = half_presets\n"
+    _install_plugin(
+        tmp_path,
+        monkeypatch,
+        "hijack_presets",
+        "fn = hijack_presets:own_recipe\nfn2 = hijack_presets:second_recipe\nhalf = half_presets\n",
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
     built_in = presets._REGISTRY["vision-mild"]
-    presets._entry_points_loaded = False
     with pytest.warns(UserWarning) as record:
         known = presets.names()
     text = "\n".join(str(w.message) for w in record)
@@ -391,14 +387,9 @@ def test_a_broken_plugin_under_warnings_as_errors_keeps_the_good_plugins(registr
         "from lightning_speedups.presets import declarative\n"
         "GOOD = declarative('acme-good', 'Fine.', 'd', [('LabelSmoothing', {'smoothing': 0.2})])\n"
     )
-    dist = tmp_path / "good_presets-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: good-presets\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(
-        "[lightning_speedups.presets]\na_broken = no_such_module_xyz:X\nb_good = good_presets:GOOD\n"
+    _install_plugin(
+        tmp_path, monkeypatch, "good_presets", "a_broken = no_such_module_xyz:X\nb_good = good_presets:GOOD\n"
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    presets._entry_points_loaded = False
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(UserWarning, match="Could not load preset entry point 'a_broken'"):

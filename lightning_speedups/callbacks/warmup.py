@@ -14,14 +14,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from lightning_speedups import _checks
-from lightning_speedups.base import (
-    SpeedupCallback,
-    accumulation,
-    has_weight_averaging,
-    run_length,
-    steps_per_batch,
-    updating_batchnorm_only,
-)
+from lightning_speedups.base import SpeedupCallback, accumulation, run_length, steps_per_batch
 from lightning_speedups.functional.warmup import (
     SCALING_RULES,
     WARMUP_STARTS,
@@ -35,6 +28,7 @@ from lightning_speedups.functional.warmup import (
     warmup_factor,
     warmup_length,
 )
+from lightning_speedups.seam import has_weight_averaging, updating_batchnorm_only
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -359,10 +353,11 @@ class LinearScalingWarmup(SpeedupCallback):
                 if self._scales(i, j, group):
                     group["lr"] = lr * factor  # a new object: a tensor lr is replaced, never changed in place
         self._pending[i] = saved  # None: nothing to restore, but `_post_step` still counts the update
+        lrs = [g["lr"] for g in optimizer.param_groups]
         if saved is not None:
-            self._written[i] = [g["lr"] for g in optimizer.param_groups]
+            self._written[i] = lrs  # the objects set: a later write (a scheduler's) replaces them
         # kept as they are (a tensor lr is read at logging time only: no device sync on every step)
-        self._last_lrs[i] = [_snapshot(g["lr"]) for g in optimizer.param_groups]
+        self._last_lrs[i] = [_snapshot(lr) for lr in lrs]
 
     def _wrap_closure(
         self, i: int, factor: float, args: Any, kwargs: Any, *, watch: bool = False
