@@ -150,16 +150,17 @@ class ResolutionSampler(DistributedSampler):
 
     def skip_next(self, n: int) -> None:
         """Skip the first ``n`` indices of the next pass (``n`` a multiple of the batch size)."""
+        # the plans are numbered from the batch the loop resumes at, whether or not the data can skip there
+        self._skip = max(0, int(n))
         skip = getattr(self.sampler, "skip_next", None)
         if skip is None:
             from lightning.pytorch.utilities import rank_zero_warn
 
             rank_zero_warn(
                 f"The training sampler {type(self.sampler).__name__} has no `skip_next`: a run resumed "
-                "mid-epoch restarts the epoch's data from its first batch."
+                "mid-epoch restarts the epoch's data from its first batch (at the sizes of the batches it resumes at)."
             )
             return
-        self._skip = max(0, int(n))
         skip(n)
 
     def __len__(self) -> int:
@@ -257,6 +258,7 @@ class ScheduledResize:
         self.interpolation = interpolation
         self.antialias = bool(antialias)
         self._built: dict[Size, Callable[[Any], Any]] = {}
+        self._warned_upsampling = False  # per process: each worker has its own copy
 
     def __repr__(self) -> str:
         return (
@@ -270,7 +272,23 @@ class ScheduledResize:
         """The size this transform gives ``image`` now."""
         plan = current_resize_plan()
         full = self.size if self.size is not None else _image_size(image)
-        return full if plan is None else plan.size_for(full)
+        if plan is None:
+            return full
+        if plan.resolution is not None and plan.resolution > min(full) and not self._warned_upsampling:
+            # the device-side modes say so at the first batch; here only the transform sees the full size
+            import warnings
+
+            from lightning_speedups.base import SpeedupWarning
+
+            self._warned_upsampling = True
+            warnings.warn(
+                f"ProgressiveResizing's epoch ramp asks for a resolution of {plan.resolution}, above the images' "
+                f"shorter side ({min(full)} of {full[0]}x{full[1]}): ScheduledResize upsamples them. Lower `max_res` "
+                "to at most the image size.",
+                SpeedupWarning,
+                stacklevel=2,
+            )
+        return plan.size_for(full)
 
     def __call__(self, image: Any) -> Any:
         size = self.target_size(image)

@@ -2,6 +2,7 @@
 
 import os
 import random
+import sys
 from typing import Any
 
 import numpy as np
@@ -357,3 +358,38 @@ def test_wrappers_directly():
         ScheduledResize(size=(0, 4))
     with pytest.raises(ValueError, match="give the full `size`"):
         ScheduledResize(factory=T.Resize)
+
+
+def test_a_sampler_that_cannot_skip_keeps_the_plans_numbered_from_the_resumed_batch():
+    sampler = ResolutionSampler(PrivateEpochShuffle(10, seed=0, epoch=0), 4, lambda e, b: ResizePlan(scale=1 / (b + 1)))
+    with pytest.warns(UserWarning, match="has no `skip_next`.*restarts the epoch's data from its first batch"):
+        sampler.skip_next(4)
+    items = list(sampler)
+    assert sorted(i.index for i in items) == list(range(10))  # the data restarts: every sample again
+    # the loop resumes at batch 1: its plan, not batch 0's (which would lag the schedule by one batch)
+    assert [i.plan.scale for i in items] == [0.5] * 4 + [1 / 3] * 4 + [0.25] * 2
+    assert [i.plan.scale for i in sampler][:1] == [1.0]  # the next pass starts at batch 0 again
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes are Python 3.11+")
+def test_a_fixed_input_model_is_told_what_the_pipeline_did():
+    class FixedInput(PipelineRecorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(SIZE * SIZE, NUM_CLASSES))
+
+    cb = ProgressiveResizing(0.5, 0.5, 0.2, mode="pipeline", validation="full")
+    with pytest.raises(RuntimeError) as info:
+        trainer(callbacks=[cb], max_epochs=1).fit(FixedInput(), datamodule=PipelineData(num_workers=0))
+    notes = getattr(info.value, "__notes__", [])
+    assert notes and "had its data pipeline make this step's images 8x8" in notes[0], notes
+
+
+def test_an_epoch_ramp_beyond_the_images_warns_in_the_pipeline_too():
+    model = PipelineRecorder()
+    cb = ProgressiveResizing(min_res=8, max_res=24, start_ramp=0, end_ramp=1, res_increment=8, mode="pipeline")
+    with pytest.warns(UserWarning, match=r"resolution of 24, above the images' shorter side \(16 of 16x16\)"):
+        trainer(callbacks=[cb], max_epochs=2, limit_train_batches=1, limit_val_batches=0).fit(
+            model, datamodule=PipelineData(num_workers=0)
+        )
+    assert [size for _, size, _, _ in model.steps] == [(8, 8), (24, 24)]

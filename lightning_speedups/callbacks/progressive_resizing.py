@@ -617,27 +617,36 @@ class ProgressiveResizing(SpeedupCallback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not self._reduced_step_done and self._size != self._full:
+        if not self._reduced_step_done and self._resized():
             self._reduced_step_done = True
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
+    def _resized(self) -> bool:
+        """Whether the last training batch was at a reduced size (in pipeline mode: planned so by the schedule)."""
+        if self.mode == "pipeline":
+            return self._size is not None and self._plan is not None and not self._plan.is_full
+        return self._size is not None and self._full is not None and self._size != self._full
+
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._release()  # a validation that raised must not leave the full-size statistics in the model
-        resized = self._size is not None and self._full is not None and self._size != self._full
         if (
             isinstance(exception, RuntimeError)
-            and resized
+            and self._resized()
             and not self._reduced_step_done
             and trainer.training
             and _SHAPE_ERROR.search(str(exception))
         ):
             # the model's own error (a shape mismatch in its forward) says nothing of the resizing behind it
-            (height, width), (full_h, full_w) = self._size, self._full  # type: ignore[misc]
+            height, width = self._size  # type: ignore[misc]
+            if self._full is not None and self.mode != "pipeline":
+                made = f"had resized this step's images to {height}x{width} (from {self._full[0]}x{self._full[1]})"
+            else:  # the data pipeline made them: the full size never reached the device
+                made = f"had its data pipeline make this step's images {height}x{width} (a reduced size)"
             note = (
-                f"ProgressiveResizing had resized this step's images to {height}x{width} (from {full_h}x{full_w}), "
-                "and no step at a reduced size had gone through: a model with a fixed input size (a flatten "
-                "before a Linear layer, position embeddings without interpolation) cannot train on them. Make "
-                "the model size-agnostic (global average pooling), or leave ProgressiveResizing out."
+                f"ProgressiveResizing {made}, and no step at a reduced size had gone through: a model with a fixed "
+                "input size (a flatten before a Linear layer, position embeddings without interpolation) cannot "
+                "train on them. Make the model size-agnostic (global average pooling), or leave "
+                "ProgressiveResizing out."
             )
             if hasattr(exception, "add_note"):  # Python 3.11+
                 exception.add_note(note)
