@@ -79,9 +79,14 @@ def summary(results: dict[str, list[list[float]]]) -> str:
     below = sum(ref[i][3] < ref[i][2] - 0.05 for i in rows)
     text = [
         f"While the scale is below 1 ({len(rows)} validations), plain full-size validation (`full`) reads more than "
-        f"5 points below the model's accuracy at its training size in {below}; `train_size` (the default in resize "
-        "and pipeline modes) reads the latter exactly."
+        f"5 points below the model's accuracy at its training size in {below}."
     ]
+    if "train_size" in results:
+        same = sum(abs(results["train_size"][i][4] - results["train_size"][i][2]) < 1e-6 for i in rows)
+        text.append(
+            f"`train_size` (the default in resize and pipeline modes) reads the accuracy at the training size "
+            f"{'exactly' if same == len(rows) else f'exactly in {same} of {len(rows)}'}."
+        )
     if "recalibrate" in results:
         rec = results["recalibrate"]
         above_full = sum(rec[i][4] > ref[i][3] for i in rows)

@@ -141,6 +141,15 @@ def document(blocks: dict[str, str], quick: bool, only: list[str] | None) -> str
     return "\n".join(parts)
 
 
+def failed_block(name: str, err: BaseException, previous: str) -> str:
+    """A section that raised: the error, and its goals (from its last good run) listed as not measured."""
+    goals = [
+        common.goal_marker(g["goal"], f"not measured: the section failed ({type(err).__name__})", None, name)
+        for g in common.parse_goals(previous)
+    ]
+    return "\n".join([f"## {name}", "", f"**Failed** in this run: `{type(err).__name__}: {err}`", "", *goals])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller runs: minutes on a CPU")
@@ -159,7 +168,7 @@ def main() -> int:
         except Exception as err:  # keep the other sections; say what failed, in the document too
             traceback.print_exc()
             failed.append(name)
-            blocks[name] = f"## {name}\n\n**Failed** in this run: `{type(err).__name__}: {err}`"
+            blocks[name] = failed_block(name, err, blocks.get(name, ""))
         print(f"[run.py] {name} done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     args.output.write_text(document(blocks, args.quick, args.only), encoding="utf-8")
     print(f"[run.py] wrote {args.output}" + (f"; failed: {failed}" if failed else ""), file=sys.stderr)

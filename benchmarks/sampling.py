@@ -113,6 +113,7 @@ def measure(num_samples: int = 10_000_000, epochs: int = 5, loop_epochs: int = 1
         "num_samples": n,
         "classes": len(np.unique(labels)),
         "length": int(length),
+        "total": int(total),
         "world": world,
         "epochs": epochs,
         "t_factors": t_factors,
@@ -195,7 +196,8 @@ def section(quick: bool, out_dir: Path) -> str:
             f"- Median of {epochs} epochs per variant, interleaved (each round times every variant once, in a "
             f"shuffled order, on the same epoch); the loop: one epoch, timed once. Ran in {elapsed:.0f} s.",
             f"- Labels: a Zipf long tail over 1,000 classes, `threshold=0.001`, so an epoch has `round(sum r)` = "
-            f"{data['length']:,} entries. Curriculum: a linear pace from 10% of the data at the first step to 55% "
+            f"{data['length']:,} entries, padded to {data['total']:,} so that {data['world']} ranks get equal shares "
+            "(the table's *entries*). Curriculum: a linear pace from 10% of the data at the first step to 55% "
             "at the end of the last timed epoch, so every position draws from its pool; batch 256 per rank.",
             f'- "Whole list" is every rank\'s epoch list; "one rank of {data["world"]}" is what each rank\'s '
             f"sampler computes (the positions `r, r + {data['world']}, ...`; the permutation is still drawn in "

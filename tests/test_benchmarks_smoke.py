@@ -284,3 +284,35 @@ def test_overhead_plain_step_pools_both_plain_arms_and_marks_borderline_verdicts
     close = {"variant": vs["MixUp (active)"], "cost": 31e-6}  # met against 3.2 or 3.4 ms, not against 3.0 ms
     assert overhead._verdict(close, overhead.plain_step(loop)) is True
     assert not overhead.borderline(clear, loop) and overhead.borderline(close, loop)
+
+
+def test_gpu_throughput_harness_times_a_window_of_steps_on_device_batches(monkeypatch):
+    """The GPU harness, run on the CPU with its CUDA calls patched out: the fit takes whole pre-made batches
+    (no collation), and the timed window spans exactly the steps after the warm-up."""
+    from benchmarks import gpu
+    from lightning_speedups import ProgressiveResizing
+
+    monkeypatch.setattr(gpu, "ACCELERATOR", "cpu")
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+    syncs: list[int] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: syncs.append(1))
+    loader = gpu.fake_loader(batch_size=2, batches=2, num_classes=10)
+    x, y = next(iter(loader))
+    assert x.shape == (2, 3, 224, 224) and x.dtype == torch.uint8 and y.shape == (2,)
+    clock = iter(range(100))
+    monkeypatch.setattr(gpu, "_clock", lambda: float(next(clock)) + 1.0)
+    per_step = gpu.fit_steps([ProgressiveResizing(0.5, 1.0, 0.0)], loader, steps=3, warmup=1)
+    assert len(syncs) == 2  # at the window's two ends only, not at every step
+    assert per_step == pytest.approx(1 / 3)  # two clock reads, one tick apart, over 3 steps
+
+
+def test_a_failed_section_keeps_its_goals_as_not_measured():
+    from benchmarks import common, run
+
+    previous = "## overhead\n\n" + common.goal_marker("MixUp (active): overhead ≤ 1% of a step", "215 µs", False)
+    block = run.failed_block("overhead", ValueError("boom"), previous)
+    assert "**Failed** in this run: `ValueError: boom`" in block
+    (goal,) = common.parse_goals(block)
+    assert goal["goal"] == "MixUp (active): overhead ≤ 1% of a step" and goal["met"] is None
+    assert "the section failed" in goal["figure"]
+    assert common.parse_goals(run.failed_block("peers", ValueError("x"), "")) == []  # no earlier run: no goals
