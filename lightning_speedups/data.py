@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -91,6 +92,10 @@ class EpochShuffleSampler(DistributedSampler):
         return itertools.islice(super().__iter__(), skip, None)
 
 
+#: the datamodule's checkpoint entry with its training loader's position
+_LOADER_STATE = "train_loader_position"
+
+
 class ResumableDataLoader(DataLoader):
     """A DataLoader that Lightning can resume mid-epoch.
 
@@ -129,8 +134,11 @@ class ResumableDataLoader(DataLoader):
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         # Called before Lightning creates the first iterator of the resumed run, and before it calls
         # set_epoch: the sampler must be put on the right epoch here, or that iterator replays a stale one.
-        if "epoch" not in state_dict:
+        # It may come twice with the same state (from the datamodule's checkpoint entry, then from Lightning's
+        # loop state): the second time changes nothing and says nothing again.
+        if "epoch" not in state_dict or state_dict == self.__dict__.get("_loaded_state"):
             return
+        self._loaded_state = dict(state_dict)
         dm = self.speedups_datamodule
         saved_seed = state_dict.get("seed")
         if dm is not None and saved_seed is not None and int(saved_seed) != dm._seed():
@@ -417,7 +425,30 @@ class SpeedupDataModule(pl.LightningDataModule):
             **self.loader_kwargs(dataset),
             speedups_datamodule=self,
         )
+        self._train_loader = weakref.ref(loader)  # not kept alive (nor its workers) by the datamodule
+        pending, self._pending_loader_state = self.__dict__.get("_pending_loader_state"), None
+        if pending:
+            loader.load_state_dict(pending)
         return loader
+
+    # A resumed run gets the loader's position from the checkpoint twice: here, from the datamodule's own entry
+    # (restored before the strategy's setup), and from Lightning's loop state (restored after it). Lightning's
+    # alone is lost when the training loader is built before the restore, as `trainer.estimated_stepping_batches`
+    # in `configure_optimizers` does (Lightning issue #20550): the resumed epoch would start at its first batch.
+    def state_dict(self) -> dict[str, Any]:
+        """The datamodule's state for checkpoints: the training loader's position (see :class:`ResumableDataLoader`)."""
+        state = dict(super().state_dict())
+        ref = self.__dict__.get("_train_loader")
+        loader = ref() if ref is not None else None
+        position = loader.state_dict() if loader is not None else {}
+        if position:
+            state[_LOADER_STATE] = position
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the checkpoint's loader position for the next training loader built (call ``super()``)."""
+        super().load_state_dict(state_dict)
+        self._pending_loader_state = state_dict.get(_LOADER_STATE)
 
     def eval_dataloader(self, dataset: Dataset, batch_size: int | None = None) -> DataLoader:
         """An evaluation loader (no shuffle) with the same worker and memory defaults."""

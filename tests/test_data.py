@@ -296,3 +296,32 @@ def test_an_id_column_part_and_an_ids_part_of_a_concat_are_ids():
     ids = TensorDataset(torch.zeros(2, 1), torch.tensor([3, 1]))
     labels = dataset_labels(torch.utils.data.ConcatDataset([column, ids]))
     assert np.asarray(labels).tolist() == [0, 1, 2, 3, 1]
+
+
+class ScheduledIndexModule(IndexModule):
+    """Builds its LR schedule from `trainer.estimated_stepping_batches`, which makes Lightning build the training
+    loader before it restores a checkpoint (Lightning issue #20550)."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        total = int(self.trainer.estimated_stepping_batches)
+        return [optimizer], [
+            {"scheduler": torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, total), "interval": "step"}
+        ]
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("step", [6, 8], ids=["mid-epoch", "epoch-end"])
+def test_resume_when_the_loader_is_built_before_the_restore(tmp_path, step, num_workers):
+    def run(ckpt_path=None, save=False):
+        model = ScheduledIndexModule()
+        extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)] if save else []
+        t = trainer(max_epochs=3, callbacks=extra, enable_checkpointing=save)
+        t.fit(model, datamodule=IndexedDM(n=32, batch_size=8, seed=0, num_workers=num_workers), ckpt_path=ckpt_path)
+        return model
+
+    full = run(save=True)
+    (ckpt,) = tmp_path.glob(f"*step={step}.ckpt")  # 4 batches per epoch: epoch 1, 2 batches in / epoch 1 done
+    resumed = run(ckpt_path=str(ckpt))
+    assert full.seen[2:4] != full.seen[step : step + 2]  # starting the epoch over would show
+    assert resumed.seen == full.seen[step:]
