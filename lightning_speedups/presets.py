@@ -707,7 +707,9 @@ register(
         "reached over the first 5% of updates (Goyal et al.: ResNet-50 at batch 8k matched batch 256). Helps: "
         "throughput on accelerators with memory to spare. Hurts: beyond the batch sizes where the linear rule "
         "holds, and small datasets (few updates per epoch). Runs on one device: Lightning's BatchSizeFinder refuses "
-        "distributed strategies; find the batch here, then give it to a multi-device run with LinearScalingWarmup.",
+        "distributed strategies; find the batch here, then give it to a multi-device run with LinearScalingWarmup. "
+        "To resume from a checkpoint, drop the finder (`BatchSizeFinder=None`) and set the batch it found: Lightning's "
+        "finder would discard the checkpoint's training state (LinearScalingWarmup refuses that combination).",
         [("BatchSizeFinder", {"mode": "power", "steps_per_trial": 3}), _WARMUP],
         requires="A `batch_size` attribute on the LightningModule or the DataModule (SpeedupDataModule has one); "
         "one device (Lightning's BatchSizeFinder refuses distributed runs).",

@@ -462,6 +462,41 @@ def test_initial_reference_is_the_batch_asked_for_before_the_finder_changes_it(t
     assert module.used[3:] == pytest.approx([lr * ramp(t, 4, 2.0) for t, lr in enumerate(scheduled_lrs("cosine", 8))])
 
 
+def test_resuming_with_a_batch_size_finder_is_refused_and_resuming_without_it_continues(tmp_path):
+    """Lightning's BatchSizeFinder searches before the checkpoint's loops are restored and its trial restore drops
+    them: the run would start over at step 0 with the full factor at once. Refused before anything runs."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def finder():
+        return BatchSizeFinder(mode="power", init_val=2, max_trials=3, steps_per_trial=1)
+
+    saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1)
+    first = WarmupModule("cosine", batch_size=4)
+    fit(
+        first,
+        [finder(), LinearScalingWarmup("initial", warmup=4, warmup_unit="steps"), saver],
+        max_epochs=1,
+        default_root_dir=tmp_path,
+        enable_checkpointing=True,
+    )
+    ckpt = str(tmp_path / "ckpt" / "epoch=0-step=4.ckpt")
+    again = WarmupModule("cosine", batch_size=4)
+    t = trainer(
+        callbacks=[finder(), LinearScalingWarmup("initial", warmup=4, warmup_unit="steps")],
+        max_epochs=1,
+        default_root_dir=tmp_path,
+    )
+    refused = r"resuming from a checkpoint with Lightning's BatchSizeFinder.*restart training from step 0"
+    with pytest.raises(ValueError, match=refused):
+        t.fit(again, ckpt_path=ckpt)
+    assert again.opt is None or again.used == []  # refused before any step
+    resumed = WarmupModule("cosine", batch_size=first.batch_size)  # the batch the first run found, no finder
+    cb = LinearScalingWarmup("initial", warmup=4, warmup_unit="steps")
+    trainer(callbacks=[cb], max_epochs=1, default_root_dir=tmp_path).fit(resumed, ckpt_path=ckpt)
+    assert cb.scale == 2.0 and cb.updates == [8]  # the reference the checkpoint kept (4), the count continued
+    assert resumed.used == pytest.approx(first.used[3 + 4 :])  # the last 4 updates of the first run, as they were
+
+
 def test_initial_reference_is_the_batch_asked_for_before_the_tuners_search(tmp_path):
     from lightning.pytorch.tuner import Tuner
 

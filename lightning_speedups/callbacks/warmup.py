@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -183,6 +184,8 @@ class LinearScalingWarmup(SpeedupCallback):
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
+        # weakly: read by load_state_dict, which Lightning calls without the trainer
+        self._setup_trainer = weakref.ref(trainer) if stage == "fit" else None
         if stage == "fit":
             self._updates = None  # a checkpoint's count, if any, is loaded after this
             self._done = None
@@ -260,7 +263,7 @@ class LinearScalingWarmup(SpeedupCallback):
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._unregister()
-        self._trainer = None
+        self._trainer = self._setup_trainer = None
         if stage == "fit" and _only_searched_batch_size(trainer):
             # `Tuner.scale_batch_size` ran a fit that stops after the search; the next fit is the real one,
             # and the batch asked for is the one read before the search, not the one it found
@@ -279,6 +282,19 @@ class LinearScalingWarmup(SpeedupCallback):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        ref = self.__dict__.get("_setup_trainer")
+        trainer = ref() if ref is not None else None
+        if trainer is not None and _searches_batch_size(trainer) and not trainer.strategy.optimizers:
+            # The user's checkpoint, restored before the strategy's setup (BatchSizeFinder's own trial restores come
+            # after it). The finder searches at fit start and its trial restore then discards this checkpoint's
+            # loops and optimizer state: the run would start over at step 0 with the warmup already done.
+            raise ValueError(
+                "LinearScalingWarmup: resuming from a checkpoint with Lightning's BatchSizeFinder in the callbacks "
+                "would restart training from step 0 (the finder's trial restore discards the checkpoint's loops and "
+                "optimizer state). Resume without BatchSizeFinder (from a preset: `BatchSizeFinder=None`), giving "
+                "the batch size the first run found (it printed it) to your datamodule or module, and keep "
+                "LinearScalingWarmup as it was: the checkpoint keeps the reference batch it used."
+            )
         super().load_state_dict(state_dict)
         updates = state_dict.get("updates")
         self._updates = [int(u) for u in updates] if updates is not None else None
@@ -804,6 +820,11 @@ def _optimizer_names(optimizers: list[Optimizer], scheduler_configs: Sequence[An
         if id(opt) not in seen:
             seen[id(opt)] = name_of(opt, None)
     return [seen[id(opt)] for opt in optimizers]
+
+
+def _searches_batch_size(trainer: pl.Trainer) -> bool:
+    """Whether a ``BatchSizeFinder`` will search at this fit's start (not one that already did, in an earlier fit)."""
+    return any(isinstance(cb, BatchSizeFinder) and not getattr(cb, "_early_exit", False) for cb in trainer.callbacks)
 
 
 def _only_searched_batch_size(trainer: pl.Trainer) -> bool:
