@@ -306,6 +306,13 @@ def test_float_targets_whose_rows_do_not_sum_to_one_are_flagged():
         trainer(callbacks=[MixUp()], max_epochs=1).fit(
             RecordingModule(), DataLoader(TensorDataset(x, F.one_hot(y, C).float()), batch_size=16)
         )
+        # under bf16-true Lightning casts the probabilities to bf16 and MixUp mixes them there: rows that sum to
+        # 1 up to bf16's rounding are still distributions for LabelSmoothing's check after it
+        soft = torch.softmax(torch.randn(32, C, generator=torch.Generator().manual_seed(0)), 1)
+        assert (soft.bfloat16().float().sum(1) - 1).abs().max() > 1e-3  # the old tolerance would have warned
+        trainer(callbacks=[MixUp(), LabelSmoothing(0.1)], max_epochs=1, precision="bf16-true").fit(
+            RecordingModule(), DataLoader(TensorDataset(x, soft), batch_size=16)
+        )
 
 
 def test_batch_without_the_named_key():

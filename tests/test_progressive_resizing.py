@@ -567,3 +567,19 @@ def test_a_model_with_a_fixed_input_size_is_told_what_the_resizing_did():
     with pytest.raises(RuntimeError, match="device-side assert") as info:
         trainer(callbacks=[ProgressiveResizing(0.5, 0.5, 0.2)], max_epochs=1).fit(FailsAtOnce(), *loaders(size=SIZE))
     assert not getattr(info.value, "__notes__", [])  # not a shape error: no word about the resizing
+
+
+def test_the_calibration_check_runs_in_the_precision_context():
+    """Under 64-true Lightning makes float64 the default dtype inside its forward context: a model that builds a
+    tensor there (here a projection) must pass the up-front check of the calibration forward as it trains."""
+
+    class Projecting(SizeRecorder):
+        def forward(self, x: Tensor) -> Tensor:
+            net = self.net
+            h = F.relu(net.bn(net.conv(x))).mean((2, 3))
+            return net.fc(h @ torch.eye(h.shape[1]))  # the default dtype: float64 under 64-true
+
+    model = Projecting()
+    cb = ProgressiveResizing(0.5, 0.5, 0.2, validation="recalibrate")
+    trainer(callbacks=[cb], max_epochs=2, precision="64-true").fit(model, *loaders(size=SIZE))
+    assert cb.recalibrations >= 1 and model.train_seen[0][2].dtype == torch.float64

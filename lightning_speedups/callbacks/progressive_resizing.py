@@ -289,7 +289,7 @@ class ProgressiveResizing(SpeedupCallback):
         if not self._checked:
             self._check_batch(x, target)
             if self.val_remedy == "recalibrate" and self._has_bn:
-                self._check_calibration_forward(pl_module, x)
+                self._check_calibration_forward(trainer, pl_module, x)
             self._checked = True
         if self._bn_modes_stale and self.val_remedy == "recalibrate" and self._has_bn:
             # once per epoch: frozen (eval-mode) BatchNorm layers keep their statistics at validation
@@ -565,13 +565,15 @@ class ProgressiveResizing(SpeedupCallback):
             )
         self.recalibrations += 1
 
-    def _check_calibration_forward(self, pl_module: pl.LightningModule, x: Tensor) -> None:
+    def _check_calibration_forward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, x: Tensor) -> None:
         """Before the first step, run the calibration forward once on two images (eval mode, no gradient), so
-        that a model it cannot call fails now, not at the first validation after an epoch of training."""
+        that a model it cannot call fails now, not at the first validation after an epoch of training. In the
+        precision plugin's context, as the recalibration itself runs (``64-true`` sets the default dtype there)."""
         try:
             with train_modes_kept(pl_module), torch.no_grad(), global_rng_kept():  # frozen submodules stay frozen
                 pl_module.eval()  # BatchNorm statistics untouched
-                self._forward(pl_module, x[:2])
+                with trainer.precision_plugin.forward_context():
+                    self._forward(pl_module, x[:2])
         except Exception as err:
             raise RuntimeError(
                 f"ProgressiveResizing(validation='recalibrate') re-estimates BatchNorm before each validation by "
