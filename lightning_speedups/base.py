@@ -121,8 +121,9 @@ def training_progress(trainer: pl.Trainer, total_steps: float | None = None) -> 
     """Fraction of the run's optimizer steps already taken, clipped to [0, 1].
 
     ``total_steps`` defaults to :func:`run_length` (``max_epochs``, ``max_steps``, ``limit_train_batches``,
-    gradient accumulation, scheduled accumulation); pass a cached value in hot paths. Under manual optimization
-    with several optimizers, whose every step Lightning counts, batches measure the ``max_epochs`` bound.
+    gradient accumulation, scheduled accumulation); pass a cached value in hot paths. Under manual optimization,
+    whose global step counts whatever steps the module takes (several optimizers per batch, or one step every
+    few batches), batches measure the ``max_epochs`` bound.
     """
     total = run_length(trainer) if total_steps is None else total_steps
     if not math.isfinite(total):
@@ -132,7 +133,7 @@ def training_progress(trainer: pl.Trainer, total_steps: float | None = None) -> 
         )
     if total <= 0:
         return 1.0
-    if steps_per_batch(trainer) > 1:
+    if _counts_batches(trainer):
         return _manual_progress(trainer)
     return min(1.0, max(0.0, trainer.global_step / total))
 
@@ -146,16 +147,24 @@ def steps_per_batch(trainer: pl.Trainer) -> int:
     return max(1, len(trainer.optimizers))
 
 
+def _counts_batches(trainer: pl.Trainer) -> bool:
+    """Whether progress counts batches, not global steps: under manual optimization, where a batch may step
+    several optimizers (Lightning counts each) or none (a step every few batches)."""
+    module = getattr(getattr(trainer, "strategy", None), "_lightning_module", None)
+    return module is not None and not module.automatic_optimization
+
+
 def _clock(trainer: pl.Trainer) -> int:
-    """What progress counts: optimizer steps, or batches under manual optimization with several optimizers."""
-    if steps_per_batch(trainer) > 1:
+    """What progress counts: optimizer steps, or batches under manual optimization."""
+    if _counts_batches(trainer):
         return int(trainer.fit_loop.epoch_loop.batch_progress.total.processed)
     return int(trainer.global_step)
 
 
 def _manual_progress(trainer: pl.Trainer) -> float:
-    """Progress under manual optimization with several optimizers, where Lightning's global step counts every
-    optimizer's steps: batches against the ``max_epochs`` bound, global steps against ``max_steps``."""
+    """Progress under manual optimization, where Lightning's global step counts the optimizer steps the module
+    takes (every optimizer's, however many per batch): batches against the ``max_epochs`` bound, global steps
+    against ``max_steps``."""
     epochs_bound = run_length(trainer, with_max_steps=False)
     done = _clock(trainer) / epochs_bound if math.isfinite(epochs_bound) and epochs_bound > 0 else 0.0
     return min(1.0, max(0.0, done, _max_steps_share(trainer)))
@@ -250,7 +259,7 @@ class SpeedupCallback(Callback):
         total = self._total_steps
         training_progress(trainer, total)  # the error for an unbounded run
         done = 1.0 if total <= step0 else p0 + (1.0 - p0) * (_clock(trainer) - step0) / (total - step0)
-        if steps_per_batch(trainer) > 1:
+        if _counts_batches(trainer):
             done = max(done, _max_steps_share(trainer))  # the run may end at max_steps first
         return min(1.0, max(p0, done))
 
@@ -267,7 +276,7 @@ class SpeedupCallback(Callback):
             trainer,
             from_epoch=trainer.current_epoch,
             steps_before=clock,
-            with_max_steps=steps_per_batch(trainer) == 1,  # in batches, max_steps counts other units
+            with_max_steps=not _counts_batches(trainer),  # in batches, max_steps counts other units
         )
 
     # ------------------------------------------------------------------ batches
@@ -347,6 +356,23 @@ class SpeedupCallback(Callback):
     def torch_generator(self, trainer: pl.Trainer) -> torch.Generator:
         """A CPU ``torch.Generator`` for this batch's tensor draws (that of :meth:`batch_random`)."""
         return self.batch_random(trainer).torch
+
+    def check_single_loader(self, trainer: pl.Trainer, acts_on: str) -> None:
+        """Refuse several training dataloaders (call it at ``on_train_start``, when the fit loop has them).
+
+        Their batches nest one batch per loader (``[batch_a, batch_b]`` or ``{"a": batch_a, ...}``), which no
+        ``input_key``/``target_key`` describes: without this check a callback would transform the first loader's
+        batch alone, or fail at the first step with advice about keys. ``acts_on`` says what it needs.
+        """
+        loaders = trainer.train_dataloader
+        if isinstance(loaders, Mapping | list | tuple):
+            who = type(self).__name__
+            raise ValueError(
+                f"{who} acts on {acts_on}, but training uses {len(loaders)} dataloader(s) given as a "
+                f"{type(loaders).__name__} (or a CombinedLoader of them), so each batch holds one batch per loader. "
+                f"{who} does not support this: train on one dataloader (e.g. concatenate the datasets), or pass "
+                "`batch_getter`/`batch_setter` that read and replace the input and target inside the combined batch."
+            )
 
     # ------------------------------------------------------------------ logging and warnings
     def knobs(self) -> dict[str, float]:

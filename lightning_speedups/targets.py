@@ -288,21 +288,7 @@ class TargetTransformCallback(SpeedupCallback):
                 "is checked: call it in the override."
             )
         if self.transforms_batches and self.fields.getter is None:
-            self._check_single_loader(trainer)
-
-    def _check_single_loader(self, trainer: pl.Trainer) -> None:
-        # Several training loaders nest one batch per loader ([batch_a, batch_b] or {"a": batch_a, ...}), which no
-        # `input_key`/`target_key` can describe; the train loaders are known only once the fit loop set them up.
-        loaders = trainer.train_dataloader
-        if isinstance(loaders, Mapping | list | tuple):
-            who = type(self).__name__
-            raise ValueError(
-                f"{who} acts on training batches with one input and one target, but training uses "
-                f"{len(loaders)} dataloader(s) given as a {type(loaders).__name__} (or a CombinedLoader of them), "
-                f"so each batch holds one batch per loader. {who} does not support this: train on one dataloader "
-                "(e.g. concatenate the datasets), or pass `batch_getter`/`batch_setter` that read and replace the "
-                "input and target inside the combined batch."
-            )
+            self.check_single_loader(trainer, "training batches with one input and one target")
 
     def check_module(self, pl_module: pl.LightningModule) -> None:
         """Fit-start check of the module's losses; override to add technique-specific ones."""

@@ -136,6 +136,34 @@ def test_progress_under_manual_optimization_with_two_optimizers(kwargs):
     assert [p for _, p in probe.seen] == pytest.approx([b / batches for b in range(batches)])
 
 
+class StepsEverySecondBatch(RecordingModule):
+    """Manual optimization with one optimizer that accumulates two batches per step: half a global step a batch."""
+
+    def __init__(self) -> None:
+        super().__init__(record=False)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.manual_backward(torch.nn.functional.cross_entropy(self(x), y) / 2)
+        if batch_idx % 2 == 1:
+            self.optimizers().step()
+            self.optimizers().zero_grad()
+
+
+def test_progress_under_manual_optimization_that_steps_every_second_batch():
+    probe = ProgressProbe()
+    t = trainer(callbacks=[probe], max_epochs=2)
+    t.fit(StepsEverySecondBatch(), loaders()[0])
+    batches = len(probe.seen)
+    assert batches == 8 and t.global_step == 4  # 4 batches per epoch, a step every second one
+    # the whole run, not half of it: global steps per batch would read 0, 0, 1/8, 1/8, ... and end at 1/2
+    assert [p for _, p in probe.seen] == pytest.approx([b / batches for b in range(batches)])
+    probe = ProgressProbe()  # bounded by max_steps, which counts optimizer steps: their share
+    trainer(callbacks=[probe], max_steps=4, max_epochs=-1).fit(StepsEverySecondBatch(), loaders()[0])
+    assert [p for _, p in probe.seen] == pytest.approx([step / 4 for step, _ in probe.seen]) and len(probe.seen) == 8
+
+
 class GrowingLoader(RecordingModule):
     """4 batches in epoch 0, then 8: the loader reloads with another length."""
 

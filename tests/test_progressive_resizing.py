@@ -583,3 +583,32 @@ def test_the_calibration_check_runs_in_the_precision_context():
     cb = ProgressiveResizing(0.5, 0.5, 0.2, validation="recalibrate")
     trainer(callbacks=[cb], max_epochs=2, precision="64-true").fit(model, *loaders(size=SIZE))
     assert cb.recalibrations >= 1 and model.train_seen[0][2].dtype == torch.float64
+
+
+def test_the_epoch_ramp_needs_no_run_length():
+    """The FFCV-style ramp follows the epoch number alone: a run whose length is unknown (here a stream without
+    `max_steps`; `max_time` alone is the same) still trains at the ramp's sizes; the fraction schedule refuses."""
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            x, y = image_tensors(32, SIZE)
+            return iter(zip(x, y, strict=True))
+
+    model = SizeRecorder()
+    cb = ProgressiveResizing(min_res=8, max_res=16, start_ramp=0, end_ramp=2, res_increment=4, validation="full")
+    trainer(callbacks=[cb], max_epochs=3).fit(model, DataLoader(Stream(), batch_size=8))
+    assert [size for _, size, _, _ in model.train_seen] == [(8, 8)] * 4 + [(12, 12)] * 4 + [(16, 16)] * 4
+    with pytest.raises(RuntimeError, match="ProgressiveResizing follows training progress"):
+        trainer(callbacks=[ProgressiveResizing()], max_epochs=1).fit(SizeRecorder(), DataLoader(Stream(), batch_size=8))
+
+
+def test_several_training_dataloaders_are_refused_before_the_first_step():
+    """One batch per loader: the first loader's images alone would be resized (tensor batches), or the first
+    step would fail with advice about `input_key`; the error comes at train start instead, naming the cause."""
+    from lightning.pytorch.utilities import CombinedLoader
+
+    images = DataLoader(image_tensors(32, SIZE)[0], batch_size=8)  # bare image tensors
+    model = SizeRecorder()
+    with pytest.raises(ValueError, match=r"ProgressiveResizing acts on training batches with one image input.*2 data"):
+        trainer(callbacks=[ProgressiveResizing()], max_epochs=1).fit(model, CombinedLoader([images, images]))
+    assert model.train_seen == []

@@ -278,7 +278,11 @@ class ProgressiveResizing(SpeedupCallback):
 
     def current_plan(self, trainer: pl.Trainer) -> ResizePlan:
         """The plan of the training batch about to run."""
-        return self.plan_at(self.progress(trainer), trainer.current_epoch)
+        return self.plan_at(self._progress(trainer), trainer.current_epoch)
+
+    def _progress(self, trainer: pl.Trainer) -> float:
+        """Training progress for the fraction schedule; the epoch ramp needs none (nor a run of known length)."""
+        return 0.0 if self.ramp is not None else self.progress(trainer)
 
     # ------------------------------------------------------------------ on the device
     def transform_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
@@ -296,7 +300,7 @@ class ProgressiveResizing(SpeedupCallback):
             # (lazy layers included: the module object stays, and has its statistics once a batch went through)
             self._trained_bn = [bn for bn in batchnorm_layers(pl_module, lazy=True) if bn.training]
             self._bn_modes_stale = False
-        progress = self.progress(trainer)
+        progress = self._progress(trainer)
         plan = self.plan_at(progress, trainer.current_epoch)
         self._plan = plan
         # Progress only grows within a fit, and the fraction schedule stays at full size once it gets there.
@@ -467,6 +471,8 @@ class ProgressiveResizing(SpeedupCallback):
         super().on_train_start(trainer, pl_module)
         self._reduced_step_done = False
         self._has_bn = bool(batchnorm_layers(pl_module, lazy=True))  # here: after `configure_model`
+        if self.fields.getter is None:
+            self.check_single_loader(trainer, "training batches with one image input")
         if self.mode != "pipeline":
             return
         loader = trainer.train_dataloader
