@@ -2,4 +2,5 @@
 
 from lightning_speedups.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # not when a tool imports the module (a package walk, autodoc)
+    raise SystemExit(main())

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
+from torch import Tensor
 
 _U32 = (1 << 32) - 1
 _U64 = (1 << 64) - 1
@@ -68,7 +69,7 @@ class BatchRandom:
         """An int in ``[0, high)``."""
         return self._py.randrange(high)
 
-    def permutation(self, n: int) -> torch.Tensor:
+    def permutation(self, n: int) -> Tensor:
         """A random permutation of ``range(n)`` as an int64 CPU tensor."""
         return torch.randperm(n, generator=self.torch)
 

@@ -41,6 +41,25 @@ from lightning.pytorch.utilities import rank_zero_info
 ENTRY_POINT_GROUP = "lightning_speedups.presets"
 CONFIG_DIR = Path(__file__).parent / "configs"
 
+__all__ = [
+    "Preset",
+    "Recipe",
+    "UnknownPresetError",
+    "config_path",
+    "declarative",
+    "describe",
+    "get",
+    "lookup",
+    "names",
+    "recommended_precision",
+    "recommended_strategy",
+    "register",
+    "register_preset",
+    "resolve_callback_class",
+    "to_yaml",
+    "unknown_arguments",
+]
+
 CallbackSpec = tuple[str, Mapping[str, Any]]
 
 

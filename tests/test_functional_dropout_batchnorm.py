@@ -331,3 +331,25 @@ def test_a_tensor_rate_is_switched_off_and_given_back_as_the_same_tensor(make):
     restore_dropout(net, sites)
     if isinstance(net[1], BufferRateDropout):  # a buffer follows the model: given back as the model holds it now
         assert net[1].p.dtype == torch.float64 and float(net[1].p) == pytest.approx(0.3)
+
+
+def test_recalibration_skips_empty_batches_and_undoes_a_failed_forward():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4))
+    b = torch.randn(8, 1, 16, 16) + 3.0
+    assert recalibrate_batchnorm(net, [b]) == 1
+    mean = net[1].running_mean.clone()
+    assert recalibrate_batchnorm(net, [torch.randn(0, 1, 16, 16), b]) == 1  # the empty batch counts for nothing
+    torch.testing.assert_close(net[1].running_mean, mean)
+    assert recalibrate_batchnorm(net, [torch.randn(0, 1, 16, 16)]) == 0  # nothing to average: unchanged
+    torch.testing.assert_close(net[1].running_mean, mean)
+
+    def failing(model, batch):
+        if batch.shape[0] == 3:
+            raise RuntimeError("the model's own error")
+        return model(batch)
+
+    with pytest.raises(RuntimeError, match="own error"):
+        recalibrate_batchnorm(net, [b + 5.0, torch.randn(3, 1, 16, 16)], failing)  # the first batch ran
+    torch.testing.assert_close(net[1].running_mean, mean)  # as before the call, not half-updated or reset
+    assert net[1].momentum == 0.1 and net.training

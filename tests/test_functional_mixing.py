@@ -266,3 +266,14 @@ def test_boxes_are_clipped_to_the_sample_and_take_none_bounds():
         cut_and_paste(x, y, (slice(0, 8, 2), slice(0, 8)), perm, 4)
     with pytest.raises(ValueError, match="`box` has 1 dims"):
         box_lambda((16, 16), (slice(0, 8),))
+
+
+def test_class_indices_out_of_range_give_a_value_error_naming_the_range():
+    x = torch.rand(4, 3, 8, 8)
+    for bad in (torch.tensor([0, 1, 2, 10]), torch.tensor([0, -100, 1, 2])):
+        with pytest.raises(ValueError, match=r"Class indices must lie in \[0, 10\)"):
+            smooth_labels(bad, 0.1, num_classes=10)
+        with pytest.raises(ValueError, match=r"ignore_index"):
+            mix(x, bad, 0.5, torch.tensor([1, 0, 3, 2]), 10)
+    with pytest.raises(IndexError):  # still an IndexError too, as torch's own error was
+        as_probabilities(torch.tensor([0, 1, 2, 2000]), 2000)  # the scatter path (beyond the cached tables)

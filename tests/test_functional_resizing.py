@@ -335,3 +335,20 @@ def test_the_ramps_end_is_full_size_even_an_ulp_short():
     # 2/3 of the run with delay 1/3 and finetune 1/3: (2/3 - 1/3) / (1/3) is 0.9999999999999998 in floats
     scale = progressive_scale(2 / 3, 0.5, 1 / 3, 1 / 3)
     assert scale == 1.0 and scaled_size((30, 30), scale, 4) == (30, 30)  # not 28 x 28, one step early
+
+
+def test_bad_plans_masks_and_offsets_are_refused_not_broadcast():
+    import lightning_speedups.functional as LF
+
+    x, m = torch.rand(4, 3, 16, 16), torch.randint(0, 5, (4, 16, 16))
+    with pytest.raises(ValueError, match=r"batch size, height and width.*targets \(1, 16, 16\)"):
+        LF.resize_batch(x, (8, 8), mask=m[:1])  # one mask for four images: never broadcast
+    with pytest.raises(ValueError, match=r"one offset per sample, shape \(4,\); got \(1,\)"):
+        LF.crop_at(x, (8, 8), torch.zeros(1, dtype=torch.long), torch.zeros(4, dtype=torch.long))
+    for bad in ({"scale": -1.0}, {"scale": 0.0}, {"scale": math.inf}, {"resolution": 0}, {"size_increment": 0}):
+        with pytest.raises(ValueError):
+            LF.ResizePlan(**bad)
+    with pytest.raises(ValueError, match="got nan"):
+        LF.progressive_scale(math.nan)  # NaN would read as the end of training: full size
+    with pytest.raises(ValueError, match="`min_res`"):
+        LF.ramp_resolution(1, 0, 8, 0, 2)

@@ -408,3 +408,16 @@ def test_a_plan_gives_the_epoch_lists_of_rounding_its_factors_each_epoch(factors
         expected = fs.shuffled_epoch(len(factors), plan.length, seed=3, epoch=epoch, counts=counts)
         np.testing.assert_array_equal(plan.epoch_indices(epoch), expected)
         np.testing.assert_array_equal(plan.epoch_indices(epoch, rank=1, num_replicas=2), expected[1::2])
+
+
+def test_bad_shapes_and_lengths_are_refused():
+    with pytest.raises(
+        ValueError, match=r"`difficulty` must hold one value per sample, shape \(N,\); got shape \(4, 1\)"
+    ):
+        fs.difficulty_order(np.array([[0.3], [0.1], [0.2], [0.0]]))  # argsort of a column repeated one sample
+    with pytest.raises(ValueError, match="`difficulty` has 3 values and `tasks` 2"):
+        fs.difficulty_order(np.array([0.3, 0.1, 0.2]), tasks=np.array([0, 1]))
+    with pytest.raises(ValueError, match="`length` must be >= 0"):
+        fs.shuffled_epoch(5, -2, seed=0, epoch=0)
+    with pytest.raises(ValueError, match="accumulate=0"):
+        fs.StepClock(global_batch_size=8, batches_per_epoch=4, accumulate=0)

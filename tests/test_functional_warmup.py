@@ -139,3 +139,9 @@ def test_numpy_integers_are_ints():
 def test_a_warmup_length_rounds_halves_up_not_to_even():
     assert [warmup_length(0.5, "epochs", steps_per_epoch=n) for n in (5, 7)] == [3, 4]  # 2.5 -> 3, 3.5 -> 4
     assert warmup_length(0.5, "fraction", total_steps=9) == 5
+
+
+@pytest.mark.parametrize("steps", [0, -3, None])
+def test_an_epoch_warmup_needs_a_positive_epoch_length(steps):
+    with pytest.raises(ValueError, match="`steps_per_epoch` >= 1"):
+        warmup_length(5, "epochs", steps_per_epoch=steps)

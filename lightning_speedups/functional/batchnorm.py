@@ -121,7 +121,8 @@ def recalibrate_batchnorm(
 ) -> int:
     """Re-estimate the BatchNorm running statistics of ``model`` on ``inputs``; returns the batches used.
 
-    The statistics become the plain average over the given batches (``momentum=None``). Only the BatchNorm
+    The statistics become the plain average over the given batches (``momentum=None``); empty batches are
+    skipped, and a forward that raises leaves the statistics as they were. Only the BatchNorm
     layers being recalibrated run in training mode: dropout and every other module (frozen BatchNorm layers
     left out of ``layers`` included) stay in eval mode, so the statistics are those of the activations that
     evaluation will see. No gradients are computed and no weight changes. A layer the forward never reaches
@@ -166,8 +167,13 @@ def recalibrate_batchnorm(
                 bn.momentum = None  # cumulative average over the calibration batches
                 bn.training = True  # the flag only: a `train()` override that pins eval mode is not called
             for batch in (first, *batches):
+                if isinstance(batch, Tensor) and not batch.shape[0]:
+                    continue  # no samples: it would count as a batch of mean 0 and variance 1
                 forward(model, batch)
                 used += 1
+    except BaseException:
+        before.restore()  # all or nothing: not reset or half-updated statistics
+        raise
     finally:
         for bn, momentum in zip(tracked, before.momenta, strict=True):
             bn.momentum = momentum

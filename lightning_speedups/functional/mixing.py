@@ -53,11 +53,27 @@ def _class_rows(index: Tensor, num_classes: int, on: float, off: float, dtype: t
     One gather from a cached table (never returned itself: the gather is a new tensor) instead of a fill and a
     scatter: a third of the time on a small CPU batch, and one kernel instead of two on a GPU.
     """
-    if num_classes <= _TABLE_MAX_CLASSES:
-        table = _class_table(num_classes, float(on), float(off), dtype, index.device)
-        return table.index_select(0, index if index.dtype in (torch.int64, torch.int32) else index.long())
-    out = torch.full((index.shape[0], num_classes), off, dtype=dtype, device=index.device)
-    return out.scatter_(1, index.long().unsqueeze(1), on)
+    try:
+        if num_classes <= _TABLE_MAX_CLASSES:
+            table = _class_table(num_classes, float(on), float(off), dtype, index.device)
+            return table.index_select(0, index if index.dtype in (torch.int64, torch.int32) else index.long())
+        out = torch.full((index.shape[0], num_classes), off, dtype=dtype, device=index.device)
+        return out.scatter_(1, index.long().unsqueeze(1), on)
+    except (IndexError, RuntimeError) as err:  # checked only on failure: a range check would sync a GPU each call
+        if not index.numel():
+            raise
+        low, high = int(index.min()), int(index.max())
+        if low >= 0 and high < num_classes:
+            raise
+        raise ClassIndexError(
+            f"Class indices must lie in [0, {num_classes}), got {low}..{high}. An `ignore_index` (such as -100) "
+            "has no class probabilities to mix or smooth; check `num_classes` otherwise."
+        ) from err
+
+
+class ClassIndexError(ValueError, IndexError):
+    """A class index outside ``[0, num_classes)``: a ``ValueError`` (bad input), and an ``IndexError`` as torch
+    raises for it."""
 
 
 def as_probabilities(target: Tensor, num_classes: int | None = None, dtype: torch.dtype | None = None) -> Tensor:

@@ -18,6 +18,7 @@ Conventions: images are ``(N, C, H, W)`` tensors; dense targets (masks) are ``(N
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +50,8 @@ def progressive_scale(
         [0.5, 0.5, 0.75, 1.0, 1.0]
     """
     _check_schedule(initial_scale, delay_fraction, finetune_fraction)
+    if progress != progress:  # NaN compares false everywhere below and would read as full size
+        raise ValueError("`progress` must be a number in [0, 1], got nan.")
     if progress < delay_fraction:
         return float(initial_scale)
     ramp = 1.0 - finetune_fraction - delay_fraction
@@ -73,8 +76,8 @@ def ramp_resolution(
         >>> [ramp_resolution(e, 160, 192, start_ramp=10, end_ramp=13) for e in (0, 10, 11, 12, 13, 20)]
         [160, 160, 160, 192, 192, 192]
     """
-    if min_res > max_res:
-        raise ValueError(f"`min_res` ({min_res}) must be <= `max_res` ({max_res}).")
+    if min_res < 1 or min_res > max_res:
+        raise ValueError(f"`min_res` ({min_res}) must be >= 1 and <= `max_res` ({max_res}).")
     if end_ramp < start_ramp:
         raise ValueError(f"`end_ramp` ({end_ramp}) must be >= `start_ramp` ({start_ramp}).")
     if round_to < 1:
@@ -178,6 +181,15 @@ class ResizePlan:
     scale: float = 1.0
     resolution: int | None = None
     size_increment: int = 4
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.scale < math.inf) or (self.resolution is not None and self.resolution < 1):
+            raise ValueError(
+                f"ResizePlan needs a scale > 0 (finite) and a resolution >= 1 or None; got scale={self.scale!r}, "
+                f"resolution={self.resolution!r}."
+            )
+        if self.size_increment < 1:
+            raise ValueError(f"`size_increment` must be >= 1, got {self.size_increment!r}.")
 
     @property
     def is_full(self) -> bool:
@@ -289,6 +301,11 @@ def crop_at(x: Tensor, size: Size, tops: Tensor, lefts: Tensor) -> Tensor:
     if x.ndim < 3:
         raise ValueError(f"`x` must be (N, ..., H, W) with at least 3 dims, got shape {tuple(x.shape)}.")
     n = x.shape[0]
+    if tuple(tops.shape) != (n,) or tuple(lefts.shape) != (n,):  # one corner per sample, never broadcast
+        raise ValueError(
+            f"`tops` and `lefts` must hold one offset per sample, shape ({n},); got {tuple(tops.shape)} and "
+            f"{tuple(lefts.shape)}."
+        )
     tops, lefts = tops.to(x.device), lefts.to(x.device)
     rows = tops[:, None] + torch.arange(size[0], device=x.device)  # (N, h)
     cols = lefts[:, None] + torch.arange(size[1], device=x.device)  # (N, w)
@@ -326,10 +343,12 @@ def resize_batch(
     """
     check_image_batch(x, "resize_batch")
     size = (int(size[0]), int(size[1]))
-    if mask is not None and tuple(mask.shape[-2:]) != tuple(x.shape[-2:]):
+    if mask is not None and (
+        mask.ndim < 3 or mask.shape[0] != x.shape[0] or tuple(mask.shape[-2:]) != tuple(x.shape[-2:])
+    ):
         raise ValueError(
-            f"Dense targets must have the images' height and width: images {tuple(x.shape)}, targets "
-            f"{tuple(mask.shape)}."
+            f"Dense targets must be (N, ..., H, W) with the images' batch size, height and width: images "
+            f"{tuple(x.shape)}, targets {tuple(mask.shape)}."
         )
     if mode not in ("resize", "crop"):
         raise ValueError(f"`mode` must be 'resize' or 'crop', got {mode!r}.")

@@ -324,6 +324,8 @@ def shuffled_epoch(
     With ``num_replicas > 1``, only the positions ``rank, rank + num_replicas, ...`` of that list.
     """
     _check_replicas(rank, num_replicas)
+    if length < 0:
+        raise ValueError(f"`length` must be >= 0, got {length}.")
     dtype = index_dtype(num_samples - 1)  # of the sample indices returned
     size = num_samples if counts is None else int(np.sum(counts))
     if size == 0:
@@ -388,16 +390,21 @@ def difficulty_order(
         >>> difficulty_order(np.array([0.3, 0.1, 0.2]), tasks=np.array([1, 0, 1]), task_order=[1, 0]).tolist()
         [2, 0, 1]
     """
-    n = len(difficulty) if difficulty is not None else (len(tasks) if tasks is not None else num_samples)
+    d = None if difficulty is None else np.asarray(difficulty, dtype=np.float64)
+    t = None if tasks is None else np.asarray(tasks)
+    for name, values in (("difficulty", d), ("tasks", t)):
+        if values is not None and values.ndim != 1:
+            raise ValueError(f"`{name}` must hold one value per sample, shape (N,); got shape {values.shape}.")
+    if d is not None and t is not None and len(d) != len(t):
+        raise ValueError(f"`difficulty` has {len(d)} values and `tasks` {len(t)}: give one of each per sample.")
+    n = len(d) if d is not None else (len(t) if t is not None else num_samples)
     if n is None:
         raise ValueError("`difficulty_order` needs difficulty scores, task ids or `num_samples`.")
     order = np.random.default_rng(np.random.SeedSequence([int(seed), STREAM_TIES])).permutation(n)
-    if difficulty is not None:
-        d = np.asarray(difficulty, dtype=np.float64)
+    if d is not None:
         order = order[np.argsort(d[order], kind="stable")]
-    if tasks is not None:
-        t = np.asarray(tasks)
-        rank = task_ranks(t, difficulty, task_order)
+    if t is not None:
+        rank = task_ranks(t, d, task_order)
         order = order[np.argsort(rank[order], kind="stable")]
     return order[::-1].copy() if anti else order
 
@@ -543,6 +550,13 @@ class StepClock:
     accumulate: int = 1
     total_steps: float = math.inf
     accumulate_from: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.global_batch_size < 1 or self.accumulate < 1 or any(a < 1 for _, a in self.accumulate_from):
+            raise ValueError(
+                f"StepClock needs `global_batch_size` >= 1 and accumulations >= 1; got global_batch_size="
+                f"{self.global_batch_size}, accumulate={self.accumulate}, accumulate_from={self.accumulate_from}."
+            )
 
     @property
     def steps_per_epoch(self) -> int:

@@ -120,8 +120,8 @@ def warmup_length(
             raise ValueError(f"A warmup in steps must be a whole number of updates, got {warmup!r}.")
         return int(warmup)
     if unit == "epochs":
-        if steps_per_epoch is None:
-            raise ValueError("A warmup in epochs needs `steps_per_epoch`.")
+        if steps_per_epoch is None or steps_per_epoch < 1:
+            raise ValueError(f"A warmup in epochs needs `steps_per_epoch` >= 1, got {steps_per_epoch!r}.")
         length = warmup * steps_per_epoch
     elif unit == "fraction":
         if warmup > 1:
