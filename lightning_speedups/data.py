@@ -165,6 +165,14 @@ class ResumableDataLoader(DataLoader):
         skip(state_dict["batches"] * (self.batch_size or 1))
 
 
+def _restoring_checkpoint(trainer: pl.Trainer | None) -> bool:
+    """Whether Lightning holds a checkpoint it is restoring (between loading the file and restoring the loops):
+    a loader built then is the resumed run's. Not after a ``BatchSizeFinder`` trial's own restore, whose
+    position is the trial's."""
+    connector = getattr(trainer, "_checkpoint_connector", None)
+    return bool(getattr(connector, "_loaded_checkpoint", None))
+
+
 def available_cpus() -> int:
     """CPUs this process may run on (the affinity mask where the OS has one)."""
     if hasattr(os, "sched_getaffinity"):
@@ -427,7 +435,7 @@ class SpeedupDataModule(pl.LightningDataModule):
         )
         self._train_loader = weakref.ref(loader)  # not kept alive (nor its workers) by the datamodule
         pending, self._pending_loader_state = self.__dict__.get("_pending_loader_state"), None
-        if pending:
+        if pending and _restoring_checkpoint(self.trainer):
             loader.load_state_dict(pending)
         return loader
 

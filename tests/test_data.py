@@ -325,3 +325,14 @@ def test_resume_when_the_loader_is_built_before_the_restore(tmp_path, step, num_
     resumed = run(ckpt_path=str(ckpt))
     assert full.seen[2:4] != full.seen[step : step + 2]  # starting the epoch over would show
     assert resumed.seen == full.seen[step:]
+
+
+def test_a_loader_position_applies_only_while_a_checkpoint_is_restored():
+    """BatchSizeFinder's trials restore a checkpoint of their own: its position must not reach a loader built
+    later (a reload at the next epoch would start that epoch in the trial's place)."""
+    dm = IndexedDM(n=32, batch_size=8, seed=0)
+    dm.setup("fit")
+    dm.load_state_dict({"train_loader_position": {"epoch": 0, "batches": 2, "epoch_done": 0, "seed": 0}})
+    seen = [int(i) for batch in dm.train_dataloader() for i in batch[0].flatten().long()]
+    assert sorted(seen) == list(range(32))  # no restore under way: the whole epoch, nothing skipped
+    assert dm.__dict__.get("_pending_loader_state") is None  # and consumed: not applied to a later loader
