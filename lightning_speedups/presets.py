@@ -650,8 +650,11 @@ register(
     declarative(
         "vision-mild",
         "Cheaper early steps and softer targets: progressive resizing, label smoothing 0.1, LR scaling with warmup.",
-        "Modelled on Composer's 'Mild' ResNet recipe (progressive resizing 0.5 -> 1.0 with its default schedule, "
-        "label smoothing 0.1). Progressive resizing trains the first half at half size, so about half the model "
+        "Modelled on Composer's 'Mild' ResNet recipe, from which it takes the two methods that change what a step "
+        "trains on: progressive resizing 0.5 -> 1.0 (Composer's default schedule, delay 0.5 and finetune 0.2; the "
+        "recipe itself delays to 0.4) and label smoothing (0.1, the recipe 0.08); the recipe's BlurPool, EMA, "
+        "channels-last, BCE loss and FixRes are left to your model. Progressive resizing trains the first half at "
+        "half size, so about half the model "
         "compute is saved; label smoothing adds a small fixed cost per batch and saves no FLOPs. "
         "LinearScalingWarmup scales the learning rate "
         "with the global batch relative to the batch your script asks for on one device, so on one device it "
@@ -667,9 +670,9 @@ register(
     declarative(
         "vision-medium",
         "vision-mild plus MixUp (alpha 0.2): more regularisation, for longer schedules.",
-        "Modelled on Composer's 'Medium' ResNet recipe, which adds MixUp to the mild one (alpha 0.2 as in its "
-        "ImageNet setting). MixUp regularises: it pays off on schedules long enough to overfit and can lower "
-        "accuracy on short ones.",
+        "Modelled on Composer's 'Medium' ResNet recipe, which adds MixUp (alpha 0.2, as here) and SAM to the mild "
+        "one; SAM, an optimizer-side method, is not part of this pack. MixUp regularises: it pays off on schedules "
+        "long enough to overfit and can lower accuracy on short ones.",
         [_RESIZING, ("LabelSmoothing", {"smoothing": 0.1}), ("MixUp", {"alpha": 0.2}), _WARMUP],
         requires=_VISION_NOTE,
     )
@@ -677,7 +680,7 @@ register(
 register(
     declarative(
         "vision-aggressive",
-        "vision-medium plus CutMix and dropout removal: the most regularisation, for long schedules.",
+        "vision-medium plus CutMix, with dropout removed: the strongest data regularisation, for long schedules.",
         "Adds CutMix (alpha 1.0) to the medium recipe; MixUp and CutMix each act on half the batches (a batch "
         "may get both; its targets stay exact mixtures). DropoutRemoval switches off every dropout from the "
         "start (convolutional recipes in Composer, FFCV and airbench use none), which also makes steps cheaper. "
