@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
+from collections.abc import Iterable
 from numbers import Integral, Real
 from typing import Any
 
@@ -70,3 +73,39 @@ def optional_int(name: str, value: Any, *, minimum: int) -> int | None:
     if value < minimum:
         raise ValueError(f"`{name}` must be >= {minimum}, got {value!r}.")
     return int(value)  # a NumPy integer (from a config) becomes a Python int
+
+
+def init_arguments(cls: type) -> list[str] | None:
+    """The keyword arguments ``cls(...)`` takes, following ``**kwargs`` up the base classes; ``None`` if unknown."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        try:
+            params = list(inspect.signature(vars(klass)["__init__"]).parameters.values())[1:]
+        except (TypeError, ValueError):
+            return None
+        names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return names
+    return None
+
+
+def unknown_arguments(cls: type, given: Iterable[str]) -> str | None:
+    """A message naming the arguments in ``given`` that ``cls(...)`` does not take (with the closest names and
+    the ones it takes); ``None`` when it takes them all, or when its arguments cannot be read."""
+    accepted = init_arguments(cls)
+    wrong = sorted(set(given) - set(accepted or given))
+    if not wrong:
+        return None
+    close = {w: difflib.get_close_matches(w, accepted or [], n=1) for w in wrong}
+    hints = "".join(f" ({w!r}: did you mean {c[0]!r}?)" for w, c in close.items() if c)
+    return f"{cls.__name__} has no argument {', '.join(map(repr, wrong))}{hints}; it takes {', '.join(accepted or [])}."
+
+
+def no_unknown_arguments(cls: type, given: Iterable[str]) -> None:
+    """Raise a ``TypeError`` naming the arguments ``cls(...)`` does not take, with the closest names: for classes
+    that pass ``**kwargs`` on, whose own error would name the base class and suggest nothing."""
+    message = unknown_arguments(cls, given)
+    if message is not None:
+        raise TypeError(message)

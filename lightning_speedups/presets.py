@@ -38,6 +38,8 @@ from lightning.pytorch.callbacks import BatchSizeFinder, Callback
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 
+from lightning_speedups import _checks
+
 ENTRY_POINT_GROUP = "lightning_speedups.presets"
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -396,6 +398,8 @@ def get(name: str, *, accelerator: str = "auto", devices: int | str | Sequence[i
             and ``ClassName=None`` drops it; for function presets, keyword arguments of the function.
     """
     preset = lookup(name)
+    if overrides and not preset.callbacks and preset.factory is not _no_callbacks:
+        _check_function_arguments(preset, overrides)
     callbacks = preset.factory(**overrides)
     trainer_kwargs: dict[str, Any] = {
         "accelerator": accelerator,
@@ -412,6 +416,20 @@ def get(name: str, *, accelerator: str = "auto", devices: int | str | Sequence[i
         strategy=trainer_kwargs["strategy"],
     )
     return Recipe(name=preset.name, callbacks=list(callbacks), trainer_kwargs=trainer_kwargs)
+
+
+def _check_function_arguments(preset: Preset, overrides: Mapping[str, Any]) -> None:
+    """A function preset takes its function's arguments, not ``ClassName={...}`` overrides: say so, by name."""
+    try:
+        inspect.signature(preset.factory).bind(**overrides)
+    except TypeError:
+        takes = [p for p in inspect.signature(preset.factory).parameters if p not in ("args", "kwargs")]
+        raise TypeError(
+            f"Preset {preset.name!r} is built by a function, which takes "
+            f"{', '.join(takes) if takes else 'no arguments'}; got {', '.join(sorted(overrides))}. Overrides by "
+            "callback class (`MixUp={...}`, `CutMix=None`) are for declarative presets; here pass the function's "
+            "own arguments, or add your callback beside the preset's (one of the same class replaces it)."
+        ) from None
 
 
 def _is_distributed(strategy: Any) -> bool:
@@ -476,32 +494,10 @@ def _no_callbacks(**overrides: Any) -> list[Callback]:
     return []
 
 
-def _init_arguments(cls: type) -> list[str] | None:
-    """The keyword arguments ``cls(...)`` takes, following ``**kwargs`` up the base classes; ``None`` if unknown."""
-    names: list[str] = []
-    for klass in cls.__mro__:
-        if "__init__" not in vars(klass):
-            continue
-        try:
-            params = list(inspect.signature(vars(klass)["__init__"]).parameters.values())[1:]
-        except (TypeError, ValueError):
-            return None
-        names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names]
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            return names
-    return None
-
-
 def unknown_arguments(cls: type, given: Iterable[str]) -> str | None:
     """A message naming the arguments in ``given`` that ``cls(...)`` does not take (with the closest names and
     the ones it takes); ``None`` when it takes them all, or when its arguments cannot be read."""
-    accepted = _init_arguments(cls)
-    wrong = sorted(set(given) - set(accepted or given))
-    if not wrong:
-        return None
-    close = {w: difflib.get_close_matches(w, accepted or [], n=1) for w in wrong}
-    hints = "".join(f" ({w!r}: did you mean {c[0]!r}?)" for w, c in close.items() if c)
-    return f"{cls.__name__} has no argument {', '.join(map(repr, wrong))}{hints}; it takes {', '.join(accepted or [])}."
+    return _checks.unknown_arguments(cls, given)
 
 
 def declarative(
@@ -516,15 +512,19 @@ def declarative(
     """A preset built from ``(class name, arguments)`` specs; overrides are keyed by class name."""
     specs = tuple((cls, dict(args)) for cls, args in callbacks)
     known = [cls for cls, _ in specs]
-    for cls_name in known:  # a misspelt short name fails here, not at the first `get`; import paths at `get`
-        if "." not in cls_name:
-            resolve_callback_class(cls_name)
+    for cls_name, args in specs:  # a misspelt short name or argument fails here, not at the first `get`
+        if "." not in cls_name:  # (import paths are resolved at `get`)
+            problem = unknown_arguments(resolve_callback_class(cls_name), args)
+            if problem:
+                raise TypeError(f"Preset {name!r}: {problem}")
 
     def factory(**overrides: Any) -> list[Callback]:
         unknown = sorted(set(overrides) - set(known))
         if unknown:
+            close = {u: difflib.get_close_matches(u, known, n=1, cutoff=0.5) for u in unknown}
+            hints = "".join(f" ({u!r}: did you mean {c[0]!r}?)" for u, c in close.items() if c)
             raise TypeError(
-                f"Preset {name!r} has no callback {', '.join(unknown)} to override; it has {', '.join(known)}."
+                f"Preset {name!r} has no callback {', '.join(unknown)} to override{hints}; it has {', '.join(known)}."
             )
         out = []
         for cls_name, args in specs:
@@ -537,7 +537,7 @@ def declarative(
                     f"it), e.g. {cls_name}={{...}}; got {change!r}."
                 )
             cls = resolve_callback_class(cls_name)
-            problem = unknown_arguments(cls, change)
+            problem = unknown_arguments(cls, {**args, **change})
             if problem:
                 raise TypeError(f"Preset {name!r}: {problem}")
             out.append(cls(**{**args, **change}))

@@ -216,6 +216,10 @@ def test_hard_target_key_keeps_the_original_labels():
         (lambda: MixUp(num_classes=1), "`num_classes` must be >= 2"),
         (lambda: LabelSmoothing(method="logits"), "`method` must be one of"),
         (lambda: MixUp(alpha="big"), "`alpha` must be a finite number"),
+        # a misspelt keyword names the class used (not the base that takes **kwargs) and the closest argument
+        (lambda: MixUp(alpah=0.2), r"MixUp has no argument 'alpah' \('alpah': did you mean 'alpha'\?\)"),
+        (lambda: CutMix(num_clases=3), r"CutMix has no argument 'num_clases'.*did you mean 'num_classes'"),
+        (lambda: LabelSmoothing(smothing=0.1), r"LabelSmoothing has no argument 'smothing'.*'smoothing'"),
     ],
 )
 def test_bad_arguments_fail_at_construction(factory, message):

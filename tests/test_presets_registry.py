@@ -247,6 +247,8 @@ def test_a_plugins_import_adds_presets_but_never_replaces_one_and_a_failed_impor
 def test_declarative_presets_take_classes_by_import_path_and_refuse_a_misspelt_name_at_once(registry):
     with pytest.raises(ValueError, match=r"No callback class named 'MixUpp'.*Did you mean 'MixUp'\?"):
         declarative("typo", "s", "d", [("MixUpp", {})])  # at definition, not at the first `get`
+    with pytest.raises(TypeError, match=r"Preset 'typo': MixUp has no argument 'alpah'.*did you mean 'alpha'"):
+        declarative("typo", "s", "d", [("MixUp", {"alpah": 0.4})])  # its arguments too: no broken YAML later
     preset = declarative(
         "by-path", "s", "d", [("lightning.pytorch.callbacks.LearningRateMonitor", {"logging_interval": "step"})]
     )

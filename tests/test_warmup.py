@@ -735,7 +735,7 @@ def test_a_trainer_with_no_optimizer_is_refused():
 def test_excluded_optimizers_must_exist_and_groups_not_yet_there_get_a_warning():
     with pytest.raises(ValueError, match=r"names optimizer 1 in \(1, 0\), but there are 1 optimizer"):
         fit(WarmupModule(), [LinearScalingWarmup(8, exclude_groups=[(1, 0)])], max_epochs=1)
-    with pytest.warns(SpeedupWarning, match=r"names param group 3 in 3, but the optimizers have \[1\] param group"):
+    with pytest.warns(SpeedupWarning, match=r"names param group 3, but the optimizers have \[1\] param group"):
         fit(WarmupModule(), [LinearScalingWarmup(8, exclude_groups=[3])], max_epochs=1)
 
 

@@ -653,8 +653,9 @@ class LinearScalingWarmup(SpeedupCallback):
                 continue
             if (i is not None and j >= sizes[i]) or (i is None and j >= max(sizes)):
                 # not an error: a group may be added later (BackboneFinetuning adds the backbone's when it thaws)
+                entry = f" (entry {ref!r})" if isinstance(ref, tuple) else ""
                 self.warn(
-                    f"`exclude_groups` names param group {j} in {ref!r}, but the optimizers have {sizes} param "
+                    f"`exclude_groups` names param group {j}{entry}, but the optimizers have {sizes} param "
                     "group(s) so far (0-based indices); it is kept unscaled if it is added later (as "
                     "BackboneFinetuning adds one), else check the index."
                 )
