@@ -521,8 +521,9 @@ def declarative(
     def factory(**overrides: Any) -> list[Callback]:
         unknown = sorted(set(overrides) - set(known))
         if unknown:
-            close = {u: difflib.get_close_matches(u, known, n=1, cutoff=0.5) for u in unknown}
-            hints = "".join(f" ({u!r}: did you mean {c[0]!r}?)" for u, c in close.items() if c)
+            lowered = {k.lower(): k for k in known}  # a wrong case or a typo, not another class (CutMix / MixUp)
+            close = {u: difflib.get_close_matches(u.lower(), list(lowered), n=1, cutoff=0.8) for u in unknown}
+            hints = "".join(f" ({u!r}: did you mean {lowered[c[0]]!r}?)" for u, c in close.items() if c)
             raise TypeError(
                 f"Preset {name!r} has no callback {', '.join(unknown)} to override{hints}; it has {', '.join(known)}."
             )

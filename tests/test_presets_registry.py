@@ -438,3 +438,19 @@ def test_yaml_export_writes_numpy_and_torch_scalars_and_the_cli_explains_what_it
     assert cli.main(["presets", "yaml-bad", "--config"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: Cannot write MixUp(alpha=...)") and "give it as a number" in err
+
+
+def test_override_mistakes_are_named(registry):
+    with pytest.raises(TypeError, match=r"no callback mixup to override \('mixup': did you mean 'MixUp'\?\)"):
+        presets.get("vision-medium", mixup={"alpha": 0.4})
+    with pytest.raises(TypeError, match=r"no callback CutMix to override; it has"):  # another class: no guess
+        presets.get("vision-medium", CutMix=None)
+
+    @register_preset("fn-recipe")
+    def fn_recipe(smoothing: float = 0.1):
+        """Label smoothing only."""
+        return [LabelSmoothing(smoothing)]
+
+    with pytest.raises(TypeError, match=r"'fn-recipe' is built by a function, which takes smoothing; got MixUp"):
+        presets.get("fn-recipe", MixUp={"alpha": 0.4})
+    assert presets.get("fn-recipe", smoothing=0.2).callbacks[0].smoothing == 0.2
