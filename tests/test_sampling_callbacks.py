@@ -24,7 +24,7 @@ from lightning_speedups import (
     SpeedupWarning,
 )
 from lightning_speedups.functional import sampling as fs
-from lightning_speedups.samplers import EpochListSampler
+from lightning_speedups.samplers import EpochListSampler, SamplingPlan
 from tests.helpers import IndexedImages, MemoryLogger, trainer
 from tests.sampling_helpers import IndexDM, IndexModel, long_tail
 from tests.test_data import Provider
@@ -245,6 +245,44 @@ def test_a_second_fit_scores_its_own_model():
     loss = per_sample_losses(initial)
     np.testing.assert_allclose(cur.scores, loss, rtol=1e-6)
     assert not np.allclose(cur.scores, first)
+
+
+class ScheduledIndexModel(IndexModel):
+    """Sizes a cosine schedule from `trainer.estimated_stepping_batches`: Lightning builds the training loader
+    inside the strategy's setup, before `on_fit_start`, so the curriculum's order is needed before then."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.lr)
+        total = int(self.trainer.estimated_stepping_batches)
+        return [optimizer], [
+            {"scheduler": torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, total), "interval": "step"}
+        ]
+
+
+def test_the_scorer_runs_when_the_loader_is_built_before_fit_start():
+    seed_everything(0)
+    model = ScheduledIndexModel(80)
+    initial = copy.deepcopy(model)
+    cur = CurriculumOrdering("fixed_exponential", difficulty=LossScore(), start_fraction=0.1, step_length=1000)
+    fit([cur], model=model, max_epochs=1)
+    loss = per_sample_losses(initial)
+    np.testing.assert_allclose(cur.scores, loss, rtol=1e-6)  # the initial model's losses, scored once
+    assert {i for b in model.seen for i in b} <= set(np.argsort(loss, kind="stable")[:8].tolist())
+
+
+def test_scores_restored_after_an_order_was_made_replace_that_order():
+    """Strategies that restore checkpoints after their setup (FSDP, DeepSpeed) score the fresh model at fit start,
+    then load the saved scores: the order must follow the saved ones."""
+    cur = CurriculumOrdering("fixed_exponential", difficulty=LossScore(), start_fraction=0.1, step_length=1000)
+    dm = IndexDM(80)
+    dm.setup("fit")
+    cur.scores = np.arange(80, dtype=np.float32)[::-1].copy()  # what a fit-start scoring of a fresh model gave
+    cur.compute_order(dm, dm.train_dataset, seed=0)
+    assert cur.order[0] == 79
+    cur.load_state_dict({**cur.state_dict(), "scores": torch.arange(80, dtype=torch.float32)})  # the saved scores
+    plan = SamplingPlan(num_samples=80, seed=0)
+    cur.contribute_to_plan(plan, dm, dm.train_dataset, seed=0)
+    assert cur.order[0] == 0 and cur.order[-1] == 79  # worked out again from the restored scores
 
 
 def test_composed_repeat_factors_and_curriculum():
@@ -581,3 +619,9 @@ def test_scoring_leaves_the_global_random_generators_alone():
         )
         states.append(state.state)
     assert torch.equal(states[0], states[1])
+
+
+def test_a_scorer_that_returns_no_scores_is_named():
+    cur = CurriculumOrdering("fixed_exponential", difficulty=lambda module, batch: None, start_fraction=0.1)
+    with pytest.raises(TypeError, match=r"the scorer returned NoneType; it must return one number per sample"):
+        fit([cur], max_epochs=1)

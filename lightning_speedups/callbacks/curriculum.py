@@ -233,6 +233,12 @@ class CurriculumOrdering(SpeedupCallback):
 
     def _difficulty_array(self, datamodule: SpeedupDataModule, size: int) -> np.ndarray | None:
         if self.uses_scorer:
+            trainer = datamodule.trainer
+            if self.scores is None and trainer is not None and trainer.lightning_module is not None:
+                # The training loader is being built before fit start: `estimated_stepping_batches` read in
+                # `configure_optimizers` builds it inside the strategy's setup, with the model already on its
+                # device (and, on resume, the saved scores already restored). Score now rather than fail.
+                self.scores = self.score(trainer, trainer.lightning_module, datamodule)
             return self.scores
         if self.difficulty is not None:
             return self._checked(self.difficulty, "`difficulty`", size).astype(np.float64)
@@ -271,7 +277,7 @@ class CurriculumOrdering(SpeedupCallback):
             )
         if difficulty is None and tasks is None:
             if self.uses_scorer:
-                raise RuntimeError(f"{self._who}: the scorer has not run yet; it runs when fit starts.")
+                raise RuntimeError(f"{self._who}: the scorer has not run yet; it runs once the fit has a model.")
             raise ValueError(
                 f"{self._who} needs a difficulty per training sample, and `{type(datamodule).__name__}` has none: "
                 "set `self.train_difficulty` in its `setup`, override `sample_difficulty()`, pass "
@@ -315,7 +321,14 @@ class CurriculumOrdering(SpeedupCallback):
                 done = 0
                 for batch in loader:
                     batch = move_data_to_device(trainer.precision_plugin.convert_input(batch), pl_module.device)
-                    scores = torch.as_tensor(scorer(pl_module, batch)).detach().reshape(-1)
+                    raw = scorer(pl_module, batch)
+                    try:
+                        scores = torch.as_tensor(raw).detach().reshape(-1)
+                    except (TypeError, RuntimeError, ValueError) as err:
+                        raise TypeError(
+                            f"{self._who}: the scorer returned {type(raw).__name__}; it must return one number per "
+                            "sample of the batch (a tensor or array of shape (B,))."
+                        ) from err
                     expected = min(int(loader.batch_size or 1), hi - lo - done)
                     if scores.numel() != expected:  # fail at the first batch, not after scoring the whole set
                         raise ValueError(
@@ -438,3 +451,6 @@ class CurriculumOrdering(SpeedupCallback):
         scores = state_dict.get("scores")
         if scores is not None and self.uses_scorer:
             self.scores = np.asarray(scores.numpy() if hasattr(scores, "numpy") else scores, dtype=np.float32)
+            # an order worked out before this restore (strategies that restore after their setup score the fresh
+            # model at fit start) came from other scores: the next loader works it out again from these
+            self.order = None
