@@ -204,3 +204,24 @@ def _stop_after(model: DropoutModule, steps: int):
         return out
 
     return training_step
+
+
+class HparamDropout(RecordingModule):
+    """A dropout rate saved as a hyperparameter, applied with `F.dropout` (or used to build an `nn.Dropout`)."""
+
+    def __init__(self, dropout: float = 0.3, in_module: bool = False) -> None:
+        super().__init__(record=False)
+        self.save_hyperparameters()
+        self.drop = nn.Dropout(dropout if in_module else 0.1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.drop(self.net(x))
+        return h if self.hparams.in_module else F.dropout(h, self.hparams.dropout, training=self.training)
+
+
+def test_a_dropout_rate_kept_in_hparams_and_applied_functionally_is_named():
+    with pytest.warns(SpeedupWarning, match=r"not switched off: hparams.dropout=0.3"):
+        trainer(callbacks=[DropoutRemoval()], max_epochs=1).fit(HparamDropout(), loaders()[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)  # nn.Dropout(self.hparams.dropout): handled, no warning
+        trainer(callbacks=[DropoutRemoval()], max_epochs=1).fit(HparamDropout(in_module=True), loaders()[0])

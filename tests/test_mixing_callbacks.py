@@ -527,7 +527,7 @@ def test_timm_label_smoothing_loss():
     )
     fit_expecting(
         [LabelSmoothing(method="loss")],
-        "already has `label_smoothing=0.1`",
+        r"the loss `criterion` \(LabelSmoothingCrossEntropy\) already has `smoothing=0.1`",  # its own attribute
         model=WithLoss(timm_loss.LabelSmoothingCrossEntropy(0.1)),
     )
     model = WithLoss(timm_loss.LabelSmoothingCrossEntropy(0.0))
@@ -662,6 +662,20 @@ def test_loss_mode_does_not_warn_when_training_calls_the_loss():
         warnings.simplefilter("error", SpeedupWarning)
         trainer(callbacks=[LabelSmoothing(0.1, method="loss", start=0.5)], max_epochs=2).fit(model, loaders()[0])
     assert model.train_eps == [0.0] * 4 + [0.1] * 4 and not model.criterion._forward_pre_hooks
+
+
+def test_loss_mode_watches_past_a_first_step_that_skips_its_batch():
+    class SkipsFirst(CriterionProbe):
+        def training_step(self, batch, batch_idx):
+            if self.trainer.fit_loop.epoch_loop.batch_progress.total.processed == 0:
+                return None  # Lightning skips this batch: it tells nothing about the loss used
+            return super().training_step(batch, batch_idx)
+
+    model = SkipsFirst()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)
+        trainer(callbacks=[LabelSmoothing(0.1, method="loss")], max_steps=3).fit(model, loaders()[0])
+    assert model.train_eps == [0.1, 0.1] and not model.criterion._forward_pre_hooks  # the skipped step recorded none
 
 
 def test_num_classes_set_in_the_modules_own_setup_is_found():

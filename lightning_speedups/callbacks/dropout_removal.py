@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities import rank_zero_info
@@ -79,9 +80,10 @@ class DropoutRemoval(SpeedupCallback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         # Here rather than in setup: modules built in `configure_model` exist by now.
-        unknown = unhandled_dropout(pl_module)
+        sites = find_dropout(pl_module)
+        unknown = unhandled_dropout(pl_module) + _hparam_rates(pl_module, {site.value for site in sites})
         listed = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-        if not any(site.value > 0 for site in find_dropout(pl_module)):
+        if not any(site.value > 0 for site in sites):
             self.warn(
                 "the model has no dropout with a non-zero probability that this callback can switch off; there "
                 "is nothing to remove."
@@ -148,3 +150,21 @@ class DropoutRemoval(SpeedupCallback):
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "removed": self.removed}
+
+
+def _hparam_rates(pl_module: pl.LightningModule, handled: set[float]) -> list[str]:
+    """``"hparams.<key>=<value>"`` for each saved hyperparameter that looks like a dropout rate (its name contains
+    ``drop``) and that no dropout switched off here holds: the usual ``F.dropout(x, self.hparams.dropout)``. One
+    equal to a handled rate is taken as what that module was built from (``nn.Dropout(self.hparams.dropout)``)."""
+    hparams = getattr(pl_module, "hparams", None)
+    if not isinstance(hparams, Mapping):
+        return []
+    return [
+        f"hparams.{key}={value:g}"
+        for key, value in hparams.items()
+        if isinstance(key, str)
+        and "drop" in key.lower()
+        and isinstance(value, float)
+        and 0.0 < value <= 1.0
+        and value not in handled
+    ]

@@ -118,12 +118,15 @@ class LabelSmoothing(TargetTransformCallback):
                 "the loss as a submodule (self.criterion = nn.CrossEntropyLoss(), in `__init__` or "
                 "`configure_model`), or use method='target', which works with F.cross_entropy."
             )
+        names = {id(module): name for name, module in pl_module.named_modules()}
         for loss in self._losses:
-            already = getattr(loss, "label_smoothing", getattr(loss, "smoothing", 0.0)) or 0.0
+            attribute = "label_smoothing" if hasattr(loss, "label_smoothing") else "smoothing"
+            already = getattr(loss, attribute, 0.0) or 0.0
             if already > 0:
                 raise ValueError(
-                    f"LabelSmoothing(method='loss'): the loss already has `label_smoothing={already}`; "
-                    "remove the callback or the loss's own smoothing, not both."
+                    f"LabelSmoothing(method='loss'): the loss `{names.get(id(loss), '?')}` "
+                    f"({type(loss).__name__}) already has `{attribute}={already}`; remove the callback or the "
+                    "loss's own smoothing, not both."
                 )
         self._loss_calls = None  # until the first smoothed step has shown whether training calls a loss
 
@@ -182,7 +185,10 @@ class LabelSmoothing(TargetTransformCallback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self.method == "loss":
-            self._check_loss_called()
+            # a `training_step` that returned None skipped its batch (Lightning hands on an empty dict)
+            skipped = not outputs and pl_module.automatic_optimization
+            if not (skipped and self._loss_calls and not self._loss_seen):  # tells nothing: watch the next step
+                self._check_loss_called()
             self._restore()
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
