@@ -533,7 +533,7 @@ def why_lines(rows: list[dict[str, Any]], result: dict[str, Any]) -> list[str]:
             f"At {share:.2f} of its FLOPs, the final accuracy against the baseline's (points): {ends}. Speedup in "
             f"CPU time to 1 point below the target: {speed}."
         )
-    low, high = 100 * min(deltas) + 0.0, 100 * max(deltas) + 0.0  # + 0.0: no "-0.00"
+    low, high = (round(100 * d, 2) + 0.0 for d in (min(deltas), max(deltas)))  # rounded, + 0.0: never "-0.00"
     parts.append(
         f"Saving FLOPs, by smaller images or by fewer steps, moved the final accuracy by {low:+.2f} to {high:+.2f} "
         f"points at the end of this {result['task'].max_epochs}-epoch run."

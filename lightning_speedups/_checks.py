@@ -95,12 +95,15 @@ def unknown_arguments(cls: type, given: Iterable[str]) -> str | None:
     """A message naming the arguments in ``given`` that ``cls(...)`` does not take (with the closest names and
     the ones it takes); ``None`` when it takes them all, or when its arguments cannot be read."""
     accepted = init_arguments(cls)
-    wrong = sorted(set(given) - set(accepted or given))
+    if accepted is None:  # cannot be read: let the call itself decide
+        return None
+    wrong = sorted(set(given) - set(accepted))
     if not wrong:
         return None
-    close = {w: difflib.get_close_matches(w, accepted or [], n=1) for w in wrong}
+    close = {w: difflib.get_close_matches(w, accepted, n=1) for w in wrong}
     hints = "".join(f" ({w!r}: did you mean {c[0]!r}?)" for w, c in close.items() if c)
-    return f"{cls.__name__} has no argument {', '.join(map(repr, wrong))}{hints}; it takes {', '.join(accepted or [])}."
+    takes = ", ".join(accepted) if accepted else "no arguments"
+    return f"{cls.__name__} has no argument {', '.join(map(repr, wrong))}{hints}; it takes {takes}."
 
 
 def no_unknown_arguments(cls: type, given: Iterable[str]) -> None:

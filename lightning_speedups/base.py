@@ -117,13 +117,15 @@ def epoch_steps(trainer: pl.Trainer, batches: int, epochs: range) -> int:
     return sum(-(-batches // accumulation(trainer, e)) for e in epochs)
 
 
-def training_progress(trainer: pl.Trainer, total_steps: float | None = None) -> float:
+def training_progress(
+    trainer: pl.Trainer, total_steps: float | None = None, *, epochs_bound: float | None = None
+) -> float:
     """Fraction of the run's optimizer steps already taken, clipped to [0, 1].
 
     ``total_steps`` defaults to :func:`run_length` (``max_epochs``, ``max_steps``, ``limit_train_batches``,
     gradient accumulation, scheduled accumulation); pass a cached value in hot paths. Under manual optimization,
     whose global step counts whatever steps the module takes (several optimizers per batch, or one step every
-    few batches), batches measure the ``max_epochs`` bound.
+    few batches), batches measure the ``max_epochs`` bound (``epochs_bound``: its batches, cached by the caller).
     """
     total = run_length(trainer) if total_steps is None else total_steps
     if not math.isfinite(total):
@@ -134,7 +136,7 @@ def training_progress(trainer: pl.Trainer, total_steps: float | None = None) -> 
     if total <= 0:
         return 1.0
     if _counts_batches(trainer):
-        return _manual_progress(trainer)
+        return _manual_progress(trainer, epochs_bound)
     return min(1.0, max(0.0, trainer.global_step / total))
 
 
@@ -161,11 +163,12 @@ def _clock(trainer: pl.Trainer) -> int:
     return int(trainer.global_step)
 
 
-def _manual_progress(trainer: pl.Trainer) -> float:
+def _manual_progress(trainer: pl.Trainer, epochs_bound: float | None = None) -> float:
     """Progress under manual optimization, where Lightning's global step counts the optimizer steps the module
     takes (every optimizer's, however many per batch): batches against the ``max_epochs`` bound, global steps
     against ``max_steps``."""
-    epochs_bound = run_length(trainer, with_max_steps=False)
+    if epochs_bound is None:
+        epochs_bound = run_length(trainer, with_max_steps=False)  # a loop over the epochs: cache it in hot paths
     done = _clock(trainer) / epochs_bound if math.isfinite(epochs_bound) and epochs_bound > 0 else 0.0
     return min(1.0, max(0.0, done, _max_steps_share(trainer)))
 
@@ -178,9 +181,10 @@ def _max_steps_share(trainer: pl.Trainer) -> float:
 
 
 def cap_by_max_steps(trainer: pl.Trainer, total: float) -> float:
-    """``total`` (steps of the ``max_epochs`` bound) capped by ``max_steps`` in the same unit: batches under manual
-    optimization with several optimizers, where Lightning's global step counts every optimizer's step (as
-    :meth:`SpeedupCallback.progress` does), else optimizer steps."""
+    """``total`` (steps of the ``max_epochs`` bound) capped by ``max_steps`` in the same unit: under manual
+    optimization batches, ``max_steps`` read as one global step per optimizer per batch (right when every
+    optimizer steps at every batch; a module that steps less often reaches ``max_steps`` later than this
+    assumes), else optimizer steps."""
     if trainer.max_steps is None or trainer.max_steps < 0:
         return total
     return min(total, trainer.max_steps / steps_per_batch(trainer))
@@ -254,16 +258,19 @@ class SpeedupCallback(Callback):
                 "`max_steps`, has none)."
             )
         step0, p0 = self._anchor
+        bound = self.__dict__.get("_epochs_bound")
         if step0 == 0 and p0 == 0.0:
-            return training_progress(trainer, self._total_steps)
+            return training_progress(trainer, self._total_steps, epochs_bound=bound)
         total = self._total_steps
-        training_progress(trainer, total)  # the error for an unbounded run
+        training_progress(trainer, total, epochs_bound=bound)  # the error for an unbounded run
         done = 1.0 if total <= step0 else p0 + (1.0 - p0) * (_clock(trainer) - step0) / (total - step0)
         if _counts_batches(trainer):
             done = max(done, _max_steps_share(trainer))  # the run may end at max_steps first
         return min(1.0, max(p0, done))
 
     def _refresh_total_steps(self, trainer: pl.Trainer, *, reloaded: bool = False) -> None:
+        # under manual optimization progress also reads the max_epochs bound in batches: worked out here, once
+        self._epochs_bound = run_length(trainer, with_max_steps=False) if _counts_batches(trainer) else None
         if not reloaded:
             self._total_steps, self._anchor = run_length(trainer), (0, 0.0)
             return

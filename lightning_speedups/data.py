@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import (
@@ -456,7 +457,16 @@ class SpeedupDataModule(pl.LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keep the checkpoint's loader position for the next training loader built (call ``super()``)."""
         super().load_state_dict(state_dict)
-        self._pending_loader_state = state_dict.get(_LOADER_STATE)
+        fitting = self.trainer is None or self.trainer.state.fn == TrainerFn.FITTING
+        # validate/test/predict(ckpt_path=...) restore it too, but build no training loader to take it
+        self._pending_loader_state = state_dict.get(_LOADER_STATE) if fitting else None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # picklable (ddp_spawn sends the datamodule to its processes): no weak reference, no pending position
+        state = dict(self.__dict__)
+        state.pop("_train_loader", None)
+        state.pop("_pending_loader_state", None)
+        return state
 
     def eval_dataloader(self, dataset: Dataset, batch_size: int | None = None) -> DataLoader:
         """An evaluation loader (no shuffle) with the same worker and memory defaults."""

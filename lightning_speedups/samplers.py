@@ -307,8 +307,8 @@ def step_clock(
     schedule = accumulation_schedule(trainer)
     accumulate = schedule[0][1] if schedule else max(1, int(trainer.accumulate_grad_batches))
     clock = fs.StepClock(batch_size * num_replicas, batches, accumulate, accumulate_from=schedule)
-    # max_steps in this clock's unit (batches under manual optimization with several optimizers, whose every step
-    # Lightning counts): the total the callbacks' own progress uses
+    # max_steps in this clock's unit (batches under manual optimization, see `cap_by_max_steps`): the total the
+    # callbacks' own progress uses
     max_epochs = training_epochs(trainer)
     total = math.inf if max_epochs is None or max_epochs == -1 else float(clock.first_step(max(max_epochs, 1)))
     return dataclasses.replace(clock, total_steps=cap_by_max_steps(trainer, total))

@@ -384,3 +384,17 @@ def test_the_batchnorm_epoch_of_stochastic_weight_averaging_is_not_training():
     assert all(s[2] == 8 and s[3] == torch.int64 for s in swa_epoch)  # neither resized nor mixed
     assert warmup.updates == [12]  # the BatchNorm epoch's update is not a warmup step
     assert warmup.knobs()["factor"] == pytest.approx(2.0 * 11 / 12 + 1.0 / 12)  # the last ramp step, from 1 to 2
+
+
+def test_manual_progress_reads_the_cached_run_length(monkeypatch):
+    """Progress is read several times per batch: under manual optimization its max_epochs bound (a loop over the
+    epochs) is worked out once per fit, not at every read."""
+    import lightning_speedups.base as base
+
+    calls = []
+    original = base.run_length
+    monkeypatch.setattr(base, "run_length", lambda *a, **k: (calls.append(k), original(*a, **k))[1])
+    probe = ProgressProbe()
+    trainer(callbacks=[probe], max_epochs=4).fit(StepsEverySecondBatch(), loaders()[0])
+    assert len(probe.seen) == 16 and probe.seen[-1][1] == pytest.approx(15 / 16)
+    assert len(calls) <= 4  # not one per read (16 here)

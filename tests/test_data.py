@@ -336,3 +336,33 @@ def test_a_loader_position_applies_only_while_a_checkpoint_is_restored():
     seen = [int(i) for batch in dm.train_dataloader() for i in batch[0].flatten().long()]
     assert sorted(seen) == list(range(32))  # no restore under way: the whole epoch, nothing skipped
     assert dm.__dict__.get("_pending_loader_state") is None  # and consumed: not applied to a later loader
+
+
+def test_the_datamodule_pickles_after_building_its_loader():
+    """ddp_spawn pickles the datamodule: after a first fit it holds a weak reference to its last loader."""
+    import pickle
+
+    dm = IndexedDM(n=32, batch_size=8)
+    trainer(max_epochs=1).fit(IndexModule(), datamodule=dm)
+    copy = pickle.loads(pickle.dumps(dm))
+    assert "_train_loader" not in copy.__dict__ and copy.batch_size == 8
+
+
+class WithValidation(IndexedDM):
+    def val_dataloader(self):
+        return self.eval_dataloader(self.train_dataset)
+
+
+class Validates(ScheduledIndexModule):
+    def validation_step(self, batch, batch_idx):
+        return None
+
+
+def test_a_position_restored_by_validate_does_not_reach_a_later_fit(tmp_path):
+    saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1)
+    trainer(max_epochs=1, callbacks=[saver], enable_checkpointing=True, limit_val_batches=0).fit(
+        Validates(), datamodule=WithValidation(n=32, batch_size=8, seed=0)
+    )
+    dm = WithValidation(n=32, batch_size=8, seed=0)
+    trainer().validate(Validates(), datamodule=dm, ckpt_path=str(tmp_path / "epoch=0-step=3.ckpt"))
+    assert dm.__dict__.get("_pending_loader_state") is None  # validate builds no training loader to take it

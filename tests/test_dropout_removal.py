@@ -225,3 +225,12 @@ def test_a_dropout_rate_kept_in_hparams_and_applied_functionally_is_named():
     with warnings.catch_warnings():
         warnings.simplefilter("error", SpeedupWarning)  # nn.Dropout(self.hparams.dropout): handled, no warning
         trainer(callbacks=[DropoutRemoval()], max_epochs=1).fit(HparamDropout(in_module=True), loaders()[0])
+
+        class NotARate(HparamDropout):  # a float32 copy of the handled rate, and a hyperparameter that is no rate
+            def __init__(self) -> None:
+                super().__init__(dropout=float(torch.tensor(0.1).item()), in_module=True)
+                self.drop.p = float(torch.tensor(0.1, dtype=torch.float32))
+                self.hparams["lr_drop_factor"] = 0.5
+                self.hparams["dropout"] = 0.1
+
+        trainer(callbacks=[DropoutRemoval()], max_epochs=1).fit(NotARate(), loaders()[0])

@@ -747,3 +747,15 @@ def test_the_logged_weight_is_one_on_batches_left_as_they_were(make):
     assert set(applied.values()) == {0.0, 1.0}  # both kinds of batch were logged
     assert all(lam[step] == 1.0 for step, a in applied.items() if not a)  # not the last mixed batch's weight
     assert any(lam[step] < 1.0 for step, a in applied.items() if a)  # (a CutMix box may be clipped to nothing)
+
+
+def test_a_subclass_with_its_own_signature_passes_base_arguments_on():
+    def make():  # defined here: a module-level MixUp subclass would shadow the short name in LightningCLI tests
+        class FixedSeedMixUp(MixUp):
+            def __init__(self, alpha: float = 0.4) -> None:
+                super().__init__(alpha=alpha, seed=0, log_knobs=False)
+
+        return FixedSeedMixUp()
+
+    cb = make()
+    assert cb.alpha == 0.4 and cb.log_knobs is False

@@ -472,7 +472,7 @@ def test_resuming_with_a_batch_size_finder_is_refused_and_resuming_without_it_co
 
     saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1)
     first = WarmupModule("cosine", batch_size=4)
-    fit(
+    first_trainer = fit(
         first,
         [finder(), LinearScalingWarmup("initial", warmup=4, warmup_unit="steps"), saver],
         max_epochs=1,
@@ -490,6 +490,8 @@ def test_resuming_with_a_batch_size_finder_is_refused_and_resuming_without_it_co
     with pytest.raises(ValueError, match=refused):
         t.fit(again, ckpt_path=ckpt)
     assert again.opt is None or again.used == []  # refused before any step
+    with pytest.raises(ValueError, match=refused):  # the first run's Trainer, which keeps that fit's optimizers
+        first_trainer.fit(WarmupModule("cosine", batch_size=4), ckpt_path=ckpt)
     resumed = WarmupModule("cosine", batch_size=first.batch_size)  # the batch the first run found, no finder
     cb = LinearScalingWarmup("initial", warmup=4, warmup_unit="steps")
     trainer(callbacks=[cb], max_epochs=1, default_root_dir=tmp_path).fit(resumed, ckpt_path=ckpt)

@@ -43,7 +43,7 @@ class CutMix(TargetTransformCallback):
     log_name = "cutmix"
 
     def __init__(self, alpha: float = 1.0, **kwargs: Any) -> None:
-        _checks.no_unknown_arguments(type(self), kwargs)  # named for this class, with the closest names
+        _checks.no_unknown_arguments(CutMix, kwargs)  # what reaches CutMix's own __init__, closest names
         super().__init__(**kwargs)
         self.alpha = _checks.positive("alpha", alpha, hint="The usual value is 1.0.")
         self._lam = 1.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -163,8 +165,13 @@ def _hparam_rates(pl_module: pl.LightningModule, handled: set[float]) -> list[st
         f"hparams.{key}={value:g}"
         for key, value in hparams.items()
         if isinstance(key, str)
-        and "drop" in key.lower()
+        and _RATE_NAME.search(key.lower())
         and isinstance(value, float)
         and 0.0 < value <= 1.0
-        and value not in handled
+        and not any(math.isclose(value, h, rel_tol=1e-6) for h in handled)  # float32 copies of the same rate
     ]
+
+
+#: hyperparameter names of dropout rates (`dropout`, `attn_dropout`, `drop_rate`, `drop_prob`, `p_drop`), not of
+#: other things that drop (`lr_drop_factor`)
+_RATE_NAME = re.compile(r"dropout|drop_(rate|prob|p)$|^p_drop")

@@ -58,7 +58,7 @@ class LabelSmoothing(TargetTransformCallback):
     mixes_inputs = False
 
     def __init__(self, smoothing: float = 0.1, method: str = "target", **kwargs: Any) -> None:
-        _checks.no_unknown_arguments(type(self), kwargs)  # named for this class, with the closest names
+        _checks.no_unknown_arguments(LabelSmoothing, kwargs)  # what reaches this __init__, closest names
         super().__init__(**kwargs)
         self.smoothing = _checks.in_range(
             "smoothing", smoothing, 0.0, 1.0, high_open=True, hint="0.1 is the usual value."

@@ -45,7 +45,7 @@ class MixUp(TargetTransformCallback):
     log_name = "mixup"
 
     def __init__(self, alpha: float = 0.2, **kwargs: Any) -> None:
-        _checks.no_unknown_arguments(type(self), kwargs)  # named for this class, with the closest names
+        _checks.no_unknown_arguments(MixUp, kwargs)  # what reaches MixUp's own __init__, closest names
         super().__init__(**kwargs)
         self.alpha = _checks.positive("alpha", alpha, hint="Typical values: 0.2 (ImageNet) to 1.0 (CIFAR).")
         self._lam = 1.0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -184,8 +183,11 @@ class LinearScalingWarmup(SpeedupCallback):
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        # weakly: read by load_state_dict, which Lightning calls without the trainer
-        self._setup_trainer = weakref.ref(trainer) if stage == "fit" else None
+        # For load_state_dict, which Lightning calls without the trainer: whether a BatchSizeFinder will search, and
+        # the strategy's optimizer list before its setup (the strategy sets a new one, so a restore that still sees
+        # this list is the user's checkpoint, not a finder's trial restore). Dropped at fit start.
+        searching = stage == "fit" and _searches_batch_size(trainer)
+        self._resume_guard = (trainer.strategy, trainer.strategy.optimizers) if searching else None
         if stage == "fit":
             self._updates = None  # a checkpoint's count, if any, is loaded after this
             self._done = None
@@ -203,6 +205,7 @@ class LinearScalingWarmup(SpeedupCallback):
                     self._initial_reference = size * accumulation(trainer)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._resume_guard = None  # restores from here on are the finder's own trials
         self._check_optimizers(trainer)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -258,12 +261,12 @@ class LinearScalingWarmup(SpeedupCallback):
         # Lightning skips `teardown` after an exception: take the step hooks off the optimizers here, or they
         # would keep scaling (and counting) the updates of whatever steps those optimizers next
         self._unregister()  # restores the learning rates first (e.g. for an on-exception checkpoint)
-        self._trainer = None
+        self._trainer = self._resume_guard = None
         super().on_exception(trainer, pl_module, exception)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._unregister()
-        self._trainer = self._setup_trainer = None
+        self._trainer = self._resume_guard = None
         if stage == "fit" and _only_searched_batch_size(trainer):
             # `Tuner.scale_batch_size` ran a fit that stops after the search; the next fit is the real one,
             # and the batch asked for is the one read before the search, not the one it found
@@ -282,9 +285,8 @@ class LinearScalingWarmup(SpeedupCallback):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        ref = self.__dict__.get("_setup_trainer")
-        trainer = ref() if ref is not None else None
-        if trainer is not None and _searches_batch_size(trainer) and not trainer.strategy.optimizers:
+        guard = self.__dict__.get("_resume_guard")
+        if guard is not None and guard[0].optimizers is guard[1]:
             # The user's checkpoint, restored before the strategy's setup (BatchSizeFinder's own trial restores come
             # after it). The finder searches at fit start and its trial restore then discards this checkpoint's
             # loops and optimizer state: the run would start over at step 0 with the warmup already done.
@@ -824,7 +826,8 @@ def _optimizer_names(optimizers: list[Optimizer], scheduler_configs: Sequence[An
 
 
 def _searches_batch_size(trainer: pl.Trainer) -> bool:
-    """Whether a ``BatchSizeFinder`` will search at this fit's start (not one that already did, in an earlier fit)."""
+    """Whether a ``BatchSizeFinder`` will search at this fit's start and training go on after it (not the one
+    ``Tuner.scale_batch_size`` adds, whose fit stops after the search)."""
     return any(isinstance(cb, BatchSizeFinder) and not getattr(cb, "_early_exit", False) for cb in trainer.callbacks)
 
 
