@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -276,9 +277,7 @@ class ScheduledResize:
             return full
         if plan.resolution is not None and plan.resolution > min(full) and not self._warned_upsampling:
             # the device-side modes say so at the first batch; here only the transform sees the full size
-            import warnings
-
-            from lightning_speedups.base import SpeedupWarning
+            from lightning_speedups.base import SpeedupWarning  # here: workers import this module without Lightning
 
             self._warned_upsampling = True
             warnings.warn(

@@ -197,6 +197,16 @@ class ImagesDataModule(SpeedupDataModule):
         return self.eval_dataloader(self.val_dataset)
 
 
+def cosine_over_the_run(module: pl.LightningModule, lr: float = 0.1) -> Any:
+    """SGD with a per-step cosine schedule sized by ``trainer.estimated_stepping_batches``: reading it makes
+    Lightning build the training loader inside the strategy's setup, before the checkpoint's loops are restored
+    and before ``on_fit_start`` (Lightning issue #20550)."""
+    optimizer = torch.optim.SGD(module.parameters(), lr=lr)
+    total = int(module.trainer.estimated_stepping_batches)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, total)
+    return [optimizer], [{"scheduler": scheduler, "interval": "step"}]
+
+
 def trainer(**kwargs: Any) -> pl.Trainer:
     """A quiet CPU trainer."""
     defaults: dict[str, Any] = {

@@ -12,7 +12,7 @@ from torch.utils.data import ConcatDataset, DistributedSampler, Sampler, TensorD
 
 from lightning_speedups import SpeedupDataModule, SpeedupWarning
 from lightning_speedups.data import EpochShuffleSampler, ResumableDataLoader, default_num_workers
-from tests.helpers import ImagesDataModule, IndexedImages, RecordingModule, trainer
+from tests.helpers import ImagesDataModule, IndexedImages, RecordingModule, cosine_over_the_run, trainer
 
 
 class IndexedDM(SpeedupDataModule):
@@ -299,15 +299,10 @@ def test_an_id_column_part_and_an_ids_part_of_a_concat_are_ids():
 
 
 class ScheduledIndexModule(IndexModule):
-    """Builds its LR schedule from `trainer.estimated_stepping_batches`, which makes Lightning build the training
-    loader before it restores a checkpoint (Lightning issue #20550)."""
+    """Sizes its LR schedule by `trainer.estimated_stepping_batches` (see `cosine_over_the_run`)."""
 
     def configure_optimizers(self):
-        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
-        total = int(self.trainer.estimated_stepping_batches)
-        return [optimizer], [
-            {"scheduler": torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, total), "interval": "step"}
-        ]
+        return cosine_over_the_run(self)
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])

@@ -25,7 +25,7 @@ from lightning_speedups import (
 )
 from lightning_speedups.functional import sampling as fs
 from lightning_speedups.samplers import EpochListSampler, SamplingPlan
-from tests.helpers import IndexedImages, MemoryLogger, trainer
+from tests.helpers import IndexedImages, MemoryLogger, cosine_over_the_run, trainer
 from tests.sampling_helpers import IndexDM, IndexModel, long_tail
 from tests.test_data import Provider
 
@@ -201,9 +201,18 @@ def per_sample_losses(model):
         return F.cross_entropy(model(x), y, reduction="none").numpy()
 
 
-def test_loss_scorer_orders_by_the_initial_per_sample_loss():
+class ScheduledIndexModel(IndexModel):
+    """Sizes its LR schedule by `trainer.estimated_stepping_batches` (see `cosine_over_the_run`): the training
+    loader, which needs the curriculum's order, is then built before `on_fit_start`."""
+
+    def configure_optimizers(self):
+        return cosine_over_the_run(self, lr=self.lr)
+
+
+@pytest.mark.parametrize("model_class", [IndexModel, ScheduledIndexModel], ids=["loader-at-fit", "loader-in-setup"])
+def test_loss_scorer_orders_by_the_initial_per_sample_loss(model_class):
     seed_everything(0)
-    model = IndexModel(80)
+    model = model_class(80)
     initial = copy.deepcopy(model)
     cur = CurriculumOrdering("fixed_exponential", difficulty=LossScore(), start_fraction=0.1, step_length=1000)
     fit([cur], model=model, max_epochs=1)
@@ -245,29 +254,6 @@ def test_a_second_fit_scores_its_own_model():
     loss = per_sample_losses(initial)
     np.testing.assert_allclose(cur.scores, loss, rtol=1e-6)
     assert not np.allclose(cur.scores, first)
-
-
-class ScheduledIndexModel(IndexModel):
-    """Sizes a cosine schedule from `trainer.estimated_stepping_batches`: Lightning builds the training loader
-    inside the strategy's setup, before `on_fit_start`, so the curriculum's order is needed before then."""
-
-    def configure_optimizers(self):
-        optimizer = torch.optim.SGD(self.parameters(), lr=self.lr)
-        total = int(self.trainer.estimated_stepping_batches)
-        return [optimizer], [
-            {"scheduler": torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, total), "interval": "step"}
-        ]
-
-
-def test_the_scorer_runs_when_the_loader_is_built_before_fit_start():
-    seed_everything(0)
-    model = ScheduledIndexModel(80)
-    initial = copy.deepcopy(model)
-    cur = CurriculumOrdering("fixed_exponential", difficulty=LossScore(), start_fraction=0.1, step_length=1000)
-    fit([cur], model=model, max_epochs=1)
-    loss = per_sample_losses(initial)
-    np.testing.assert_allclose(cur.scores, loss, rtol=1e-6)  # the initial model's losses, scored once
-    assert {i for b in model.seen for i in b} <= set(np.argsort(loss, kind="stable")[:8].tolist())
 
 
 def test_scores_restored_after_an_order_was_made_replace_that_order():

@@ -155,8 +155,8 @@ class DropoutRemoval(SpeedupCallback):
 
 
 def _hparam_rates(pl_module: pl.LightningModule, handled: set[float]) -> list[str]:
-    """``"hparams.<key>=<value>"`` for each saved hyperparameter that looks like a dropout rate (its name contains
-    ``drop``) and that no dropout switched off here holds: the usual ``F.dropout(x, self.hparams.dropout)``. One
+    """``"hparams.<key>=<value>"`` for each saved hyperparameter named like a dropout rate (:data:`_RATE_NAME`)
+    and that no dropout switched off here holds: the usual ``F.dropout(x, self.hparams.dropout)``. One
     equal to a handled rate is taken as what that module was built from (``nn.Dropout(self.hparams.dropout)``)."""
     hparams = getattr(pl_module, "hparams", None)
     if not isinstance(hparams, Mapping):
