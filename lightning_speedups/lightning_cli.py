@@ -2,9 +2,10 @@
 
 Callbacks by short name need no special CLI: importing ``lightning_speedups`` makes every callback known to
 LightningCLI (``--trainer.callbacks+=MixUp --trainer.callbacks.alpha=0.4``). ``SpeedupCLI`` adds a preset by
-name, appended to whatever callbacks the command line, a config or the script's ``trainer_defaults`` give; one of
-those of a class the preset has already replaces the preset's (logged on rank zero), which is also how to change
-a preset callback's arguments from the command line::
+name: its callbacks come before the others the command line, a config or the script's ``trainer_defaults`` give,
+and one of those of a class the preset has already replaces the preset's (logged on rank zero; one of the command
+line or a config takes its place in the list), which is also how to change a preset callback's arguments from the
+command line::
 
     # train.py
     from lightning_speedups.lightning_cli import SpeedupCLI
@@ -50,7 +51,10 @@ class SpeedupCLI(LightningCLI):
             "--preset",
             type=str | None,
             default=None,
-            help=f"a lightning-speedups preset, appended to the trainer's callbacks ({', '.join(presets.names())})",
+            help=(
+                "a lightning-speedups preset: its callbacks, before your others, and its Trainer settings as "
+                f"defaults ({', '.join(presets.names())})"
+            ),
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
@@ -67,8 +71,8 @@ class SpeedupCLI(LightningCLI):
         name = config.get("preset")
         try:
             preset = None if name is None else presets.lookup(name)
-        except presets.UnknownPresetError:
-            preset = None  # `before_instantiate_classes` reports it as a parser error
+        except presets.UnknownPresetError as err:  # now: `--print_config` would print the misspelt name and exit 0
+            self._parser(subcommand).error(str(err))
         if preset is None:
             super().parse_arguments(parser, args)
             return
@@ -126,11 +130,13 @@ class SpeedupCLI(LightningCLI):
             extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
             default = self.trainer_defaults.get("callbacks") or []
             later = [*extra, *(default if isinstance(default, list) else [default])]
-            # a config's callback of a preset's class takes that callback's slot (batch transforms run in callback
-            # order); one that Lightning adds after (`later`) just drops it
-            merged, placed = presets._put_users_in_place(name, recipe.callbacks, existing)
-            merged = presets._replace_by_users(name, merged, [c for c in later if c is not None])
-            kwargs["callbacks"] = [*(c for c in existing if not any(c is p for p in placed)), *merged]
+            # One that Lightning adds after (`later`) of a preset's class drops the preset's; then one of the command
+            # line or a config takes the slot of the preset's callback of its class (batch transforms run in
+            # callback order), and the others come after the preset's, as in `Recipe.trainer`. (A class given both
+            # ways is two callbacks, as without a preset: Lightning refuses them.)
+            kept = presets._replace_by_users(name, recipe.callbacks, [c for c in later if c is not None])
+            merged, placed = presets._put_users_in_place(name, kept, existing)
+            kwargs["callbacks"] = [*merged, *(c for c in existing if not any(c is p for p in placed))]
         return super().instantiate_trainer(**kwargs)
 
 

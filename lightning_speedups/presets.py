@@ -24,6 +24,7 @@ import importlib
 import inspect
 import json
 import math
+import sys
 import types
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -99,6 +100,9 @@ class Recipe:
     name: str
     callbacks: list[Callback]
     trainer_kwargs: dict[str, Any]
+    #: the precision and strategy :func:`get` recommended for its accelerator and devices; ``trainer()`` with
+    #: other ones recommends again where ``trainer_kwargs`` still hold these (not where you changed them)
+    recommended: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def trainer(self, **kwargs: Any) -> pl.Trainer:
         """A Trainer with this recipe; ``kwargs`` win over the recipe's settings, callbacks are appended.
@@ -110,18 +114,25 @@ class Recipe:
         """
         settings = {**self.trainer_kwargs, **kwargs}
         if "accelerator" in kwargs or "devices" in kwargs:
+            # re-recommended only where the recipe still holds what `get` recommended: a value the preset fixes,
+            # or one set on `trainer_kwargs` since, is kept
             fixed = _REGISTRY[self.name].trainer if self.name in _REGISTRY else {}
             accelerator, devices = str(settings.get("accelerator", "auto")), settings.get("devices", 1)
-            if "precision" not in kwargs and "precision" not in fixed:
-                settings["precision"] = recommended_precision(accelerator)
-            if "strategy" not in kwargs and "strategy" not in fixed:
-                settings["strategy"] = recommended_strategy(devices, accelerator)
+            recommend = {
+                "precision": lambda: recommended_precision(accelerator),
+                "strategy": lambda: recommended_strategy(devices, accelerator),
+            }
+            for key, now in recommend.items():
+                mine = self.trainer_kwargs.get(key)
+                if key not in kwargs and key not in fixed and self.recommended.get(key, mine) == mine:
+                    settings[key] = now()
         _check_batch_size_finder(
             self.name,
             self.callbacks,
             devices=settings.get("devices", 1),
             accelerator=str(settings.get("accelerator", "auto")),
             strategy=settings.get("strategy", "auto"),
+            num_nodes=settings.get("num_nodes", 1),
         )
         users = _as_callback_list(kwargs.get("callbacks"))
         merged, placed = _put_users_in_place(self.name, self.callbacks, users)
@@ -168,7 +179,11 @@ def _as_callback_list(callbacks: Callback | Sequence[Callback] | None) -> list[C
 
 
 _REGISTRY: dict[str, Preset] = {}
+#: the module whose import registered each preset (the first caller outside this module): a plug-in whose import
+#: fails is rolled back by it, without taking the presets of another plug-in it imported first
+_ORIGIN: dict[str, str] = {}
 _entry_points_loaded = False
+_entry_points_loading = False
 
 
 def register(preset: Preset, *, overwrite: bool = False) -> Preset:
@@ -177,8 +192,29 @@ def register(preset: Preset, *, overwrite: bool = False) -> Preset:
         raise ValueError(f"A preset needs a non-empty str name, got {preset.name!r}.")
     if preset.name in _REGISTRY and not overwrite:
         raise ValueError(f"A preset named {preset.name!r} exists already; pass overwrite=True to replace it.")
+    _check_trainer_settings(preset.name, preset.trainer)
     _REGISTRY[preset.name] = preset
+    _ORIGIN[preset.name] = _calling_module()
     return preset
+
+
+def _calling_module() -> str:
+    """The name of the first module on the call stack other than this one."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back  # type: ignore[assignment]
+    return "" if frame is None else str(frame.f_globals.get("__name__", ""))
+
+
+def _check_trainer_settings(name: str, settings: Mapping[str, Any]) -> None:
+    """A preset's ``trainer`` settings must be ``pl.Trainer`` arguments: a typo fails at registration, with the
+    closest name, not as a bare TypeError (or a command-line parser's traceback) at the first run."""
+    known = [p for p in inspect.signature(pl.Trainer.__init__).parameters if p != "self"]
+    for key in settings:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"Preset {name!r}: `trainer` has {key!r}, which is not a `pl.Trainer` argument.{hint}")
 
 
 def register_preset(
@@ -236,9 +272,20 @@ def _load_entry_points() -> None:
     and the loading marked done before the problems are warned about, so that warnings turned into errors
     (``-W error``) cannot stop the loop half-way and leave the good plug-ins out for the rest of the process.
     """
-    global _entry_points_loaded
-    if _entry_points_loaded:
-        return
+    global _entry_points_loaded, _entry_points_loading
+    if _entry_points_loaded or _entry_points_loading:
+        return  # a plug-in that calls `lookup` or `names` as it is imported sees what is registered so far
+    _entry_points_loading = True
+    try:
+        problems = _load_each_entry_point()
+    finally:
+        _entry_points_loading = False
+    _entry_points_loaded = True
+    for problem in problems:
+        warnings.warn(problem, stacklevel=2)
+
+
+def _load_each_entry_point() -> list[str]:
     problems: list[str] = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         where = f"preset entry point {ep.name!r} ({ep.value})"
@@ -246,8 +293,7 @@ def _load_entry_points() -> None:
         try:
             obj = ep.load()
         except Exception as err:
-            _REGISTRY.clear()  # a plug-in that failed half-way registers nothing
-            _REGISTRY.update(before)
+            _roll_back(before, ep.module)  # a plug-in that failed half-way registers nothing
             problems.append(f"Could not load {where}: {err}")
             continue
         for name, preset in before.items():  # a plug-in's import may add presets, never replace one
@@ -272,9 +318,18 @@ def _load_entry_points() -> None:
             register(obj)
         except Exception as err:
             problems.append(f"Could not register {where}: {err}")
-    _entry_points_loaded = True
-    for problem in problems:
-        warnings.warn(problem, stacklevel=2)
+    return problems
+
+
+def _roll_back(before: Mapping[str, Preset], failed: str) -> None:
+    """Undo what the failed import of module ``failed`` registered: the presets it (or a submodule of it)
+    registered, and any it replaced. Those of another module it imported first, still imported, are kept: that
+    module's own entry point finds it imported and would not register them again."""
+    for name in [n for n in _REGISTRY if n not in before]:
+        origin = _ORIGIN.get(name, "")
+        if origin == failed or origin.startswith(failed + ".") or origin not in sys.modules:
+            del _REGISTRY[name]
+    _REGISTRY.update(before)
 
 
 def names() -> list[str]:
@@ -384,7 +439,16 @@ def recommended_strategy(devices: int | str | Sequence[int], accelerator: str = 
         several = _visible_devices(accelerator) > 1
     else:
         several = int(devices) > 1
-    return "ddp" if several else "auto"
+    if not several:
+        return "auto"
+    # as Lightning's own choice for several devices: in a notebook or `python -i`, where Lightning refuses
+    # `ddp` (its processes are started by running the script again), DDP with forked processes
+    return "ddp_fork" if _is_interactive() else "ddp"
+
+
+def _is_interactive() -> bool:
+    """Lightning's test for an interactive session (a notebook, ``python -i``), made at call time."""
+    return hasattr(sys, "ps1") or bool(sys.flags.interactive)
 
 
 def get(name: str, *, accelerator: str = "auto", devices: int | str | Sequence[int] = 1, **overrides: Any) -> Recipe:
@@ -400,7 +464,7 @@ def get(name: str, *, accelerator: str = "auto", devices: int | str | Sequence[i
     preset = lookup(name)
     if overrides and not preset.callbacks and preset.factory is not _no_callbacks:
         _check_function_arguments(preset, overrides)
-    callbacks = preset.factory(**overrides)
+    callbacks = _factory_callbacks(preset, overrides)
     trainer_kwargs: dict[str, Any] = {
         "accelerator": accelerator,
         "devices": devices,
@@ -415,7 +479,28 @@ def get(name: str, *, accelerator: str = "auto", devices: int | str | Sequence[i
         accelerator=str(trainer_kwargs["accelerator"]),
         strategy=trainer_kwargs["strategy"],
     )
-    return Recipe(name=preset.name, callbacks=list(callbacks), trainer_kwargs=trainer_kwargs)
+    recommended = {k: trainer_kwargs[k] for k in ("precision", "strategy") if k not in preset.trainer}
+    return Recipe(name=preset.name, callbacks=callbacks, trainer_kwargs=trainer_kwargs, recommended=recommended)
+
+
+def _factory_callbacks(preset: Preset, overrides: Mapping[str, Any]) -> list[Callback]:
+    """What the preset's factory gives (a list, any iterable such as a generator, or one callback), as a list of
+    callbacks; anything else is refused by the preset's name."""
+    made = preset.factory(**overrides)
+    try:
+        callbacks = _as_callback_list(made)
+    except TypeError:
+        raise TypeError(
+            f"Preset {preset.name!r} gave a {type(made).__name__}; its function must return a list of Lightning "
+            "callbacks (or yield them)."
+        ) from None
+    for item in callbacks:
+        if not isinstance(item, Callback):
+            raise TypeError(
+                f"Preset {preset.name!r} gave {item!r} among its callbacks, which is not a Lightning `Callback`; "
+                "its function must return (or yield) callbacks only."
+            )
+    return callbacks
 
 
 def _check_function_arguments(preset: Preset, overrides: Mapping[str, Any]) -> None:
@@ -440,19 +525,22 @@ def _is_distributed(strategy: Any) -> bool:
 
 
 def _check_batch_size_finder(
-    name: str, callbacks: Sequence[Callback], *, devices: Any, accelerator: str, strategy: Any
+    name: str, callbacks: Sequence[Callback], *, devices: Any, accelerator: str, strategy: Any, num_nodes: Any = 1
 ) -> None:
-    """Refuse several devices, or a distributed strategy, for a recipe with a ``BatchSizeFinder``.
+    """Refuse several devices or nodes, or a distributed strategy, for a recipe with a ``BatchSizeFinder``.
 
     Lightning's BatchSizeFinder refuses distributed runs, and would say so only once every process has started.
     """
     if not any(isinstance(cb, BatchSizeFinder) for cb in callbacks):
         return
-    if recommended_strategy(devices, accelerator) != "ddp" and not _is_distributed(strategy):
+    several_nodes = isinstance(num_nodes, int) and num_nodes > 1
+    if recommended_strategy(devices, accelerator) == "auto" and not _is_distributed(strategy) and not several_nodes:
         return
+    nodes = f", num_nodes={num_nodes!r}" if several_nodes else ""
     raise ValueError(
         f"Preset {name!r} has a BatchSizeFinder, which runs on one device only (Lightning refuses it with "
-        f"distributed strategies), but the run asks for devices={devices!r}, strategy={strategy!r}. Find the batch "
+        f"distributed strategies), but the run asks for devices={devices!r}{nodes}, strategy={strategy!r}. Find "
+        "the batch "
         "size on one device (devices=1); then set it on your datamodule for the multi-device run, with the finder "
         "dropped and the learning rate scaled from the batch B you tuned it for: "
         f"presets.get({name!r}, devices=2, BatchSizeFinder=None, LinearScalingWarmup={{'reference_batch_size': B}})."

@@ -60,10 +60,12 @@ def test_a_bad_callback_argument_fails_before_training_and_names_it():
         cli(["--trainer.callbacks+=MixUp", "--trainer.callbacks.alpha=-1"])
 
 
-def test_preset_by_name_appends_its_callbacks_to_the_command_lines():
+def test_preset_by_name_puts_the_command_lines_other_callbacks_after_its_own_as_python_does():
     c = cli(["--preset=vision-medium", "--trainer.callbacks+=DropoutRemoval"], cls=SpeedupCLI)
     ours = [type(cb) for cb in c.trainer.callbacks if type(cb).__module__.startswith("lightning_speedups")]
-    assert ours == [DropoutRemoval, ProgressiveResizing, LabelSmoothing, MixUp, LinearScalingWarmup]
+    assert ours == [ProgressiveResizing, LabelSmoothing, MixUp, LinearScalingWarmup, DropoutRemoval]
+    in_python = presets.get("vision-medium", accelerator="cpu").trainer(callbacks=[DropoutRemoval()], logger=False)
+    assert [type(cb) for cb in in_python.callbacks if type(cb).__module__.startswith("lightning_speedups")] == ours
 
 
 def test_preset_brings_its_recommended_precision_unless_the_command_line_chose(monkeypatch):
@@ -155,9 +157,18 @@ def test_a_users_callback_of_a_presets_class_replaces_the_presets_in_the_cli(mon
     assert [type(cb) for cb in ours] == [ProgressiveResizing, MixUp, LinearScalingWarmup, LabelSmoothing]
     assert ours[1].alpha == 0.4 and ours[-1].smoothing == 0.05
     assert infos == [
-        "Preset 'vision-medium': your MixUp replaces the preset's MixUp.",
         "Preset 'vision-medium': your LabelSmoothing replaces the preset's LabelSmoothing.",
+        "Preset 'vision-medium': your MixUp replaces the preset's MixUp.",
     ]
+
+
+def test_a_class_from_the_command_line_and_the_scripts_defaults_is_refused_as_without_a_preset(monkeypatch):
+    # the command line's LabelSmoothing(0.2) was placed in the preset's slot, then dropped as if it were the
+    # preset's by the script's default one: the user's 0.2 vanished without a word
+    args = ["--preset=vision-mild", "--trainer.callbacks+=LabelSmoothing", "--trainer.callbacks.smoothing=0.2"]
+    for extra in ([], args[:1]):
+        with pytest.raises(Exception, match="more than one stateful callback of type `LabelSmoothing`"):
+            cli(args[1:] + extra, cls=SpeedupCLI, trainer_defaults={"callbacks": [LabelSmoothing(0.05)]})
 
 
 def test_a_batch_size_finder_preset_on_several_devices_is_a_parser_error(capsys):
@@ -185,3 +196,11 @@ def test_a_function_preset_is_built_once_per_cli_run():
         presets._REGISTRY.pop("counted-recipe")
     assert len(calls) == 1
     assert [cb.smoothing for cb in c.trainer.callbacks if isinstance(cb, LabelSmoothing)] == [0.2]
+
+
+def test_a_misspelt_preset_with_print_config_is_a_parser_error_not_a_printed_config(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli(["--preset=vison-mild", "--print_config"], cls=SpeedupCLI)
+    captured = capsys.readouterr()
+    assert info.value.code != 0 and "Did you mean 'vision-mild'?" in captured.err
+    assert "preset: vison-mild" not in captured.out

@@ -454,3 +454,108 @@ def test_override_mistakes_are_named(registry):
     with pytest.raises(TypeError, match=r"'fn-recipe' is built by a function, which takes smoothing; got MixUp"):
         presets.get("fn-recipe", MixUp={"alpha": 0.4})
     assert presets.get("fn-recipe", smoothing=0.2).callbacks[0].smoothing == 0.2
+
+
+def test_a_failed_plugin_keeps_the_presets_of_another_plugin_it_imported(registry, tmp_path, monkeypatch):
+    # `plug_a` imports `plug_b` (which registers its preset) and then fails: the rollback took `plug_b`'s preset,
+    # and `plug_b`'s own entry point, finding it imported, registered nothing again
+    (tmp_path / "plug_b.py").write_text(
+        "from lightning_speedups.presets import declarative, register\n"
+        "register(declarative('b-recipe', 's', 'd', [('LabelSmoothing', {})]))\n"
+    )
+    (tmp_path / "plug_a.py").write_text(
+        "import plug_b\n"
+        "from lightning_speedups.presets import declarative, register\n"
+        "register(declarative('a-recipe', 's', 'd', [('MixUp', {})]))\n"
+        "import no_such_dependency\n"
+    )
+    _install_plugin(tmp_path, monkeypatch, "two_plugins", "a = plug_a\nb = plug_b\n")
+    with pytest.warns(UserWarning, match="Could not load preset entry point 'a'") as record:
+        known = presets.names()
+    assert "b-recipe" in known and "a-recipe" not in known and len(record) == 1
+    assert type(presets.get("b-recipe").callbacks[0]).__name__ == "LabelSmoothing"
+    sys.modules.pop("plug_b", None)
+
+
+def test_a_plugin_that_looks_presets_up_as_it_is_imported_loads_once_without_a_false_warning(
+    registry, tmp_path, monkeypatch
+):
+    (tmp_path / "derived_presets.py").write_text(
+        textwrap.dedent(
+            """
+            from lightning_speedups import presets
+            base = presets.lookup("vision-mild")  # loads the entry points again, from inside the first load
+            MILD_PLUS = presets.declarative("mild-plus", "s", "d", [*base.callbacks, ("MixUp", {})])
+            """
+        )
+    )
+    _install_plugin(tmp_path, monkeypatch, "derived_presets", "mild-plus = derived_presets:MILD_PLUS\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the false "partially initialized module" warning, as an error here
+        assert "mild-plus" in presets.names()
+    assert [type(c).__name__ for c in presets.get("mild-plus", accelerator="cpu").callbacks][-1] == "MixUp"
+    sys.modules.pop("derived_presets", None)
+
+
+def test_a_function_preset_may_yield_its_callbacks_or_return_one_and_nothing_else(registry):
+    from lightning.pytorch.callbacks import BatchSizeFinder
+
+    @register_preset("yielding-recipe")
+    def yielding_recipe():
+        yield BatchSizeFinder()
+        yield LabelSmoothing(0.2)
+
+    names = [type(c).__name__ for c in presets.get("yielding-recipe", accelerator="cpu").callbacks]
+    assert names == ["BatchSizeFinder", "LabelSmoothing"]  # the finder check used to consume the generator
+
+    @register_preset("single-recipe")
+    def single_recipe():
+        return MixUp()
+
+    assert [type(c) for c in presets.get("single-recipe").callbacks] == [MixUp]
+
+    @register_preset("bad-recipe")
+    def bad_recipe():
+        return [MixUp(), "LabelSmoothing"]
+
+    with pytest.raises(TypeError, match=r"Preset 'bad-recipe' gave 'LabelSmoothing' among its callbacks"):
+        presets.get("bad-recipe")
+
+    @register_preset("none-recipe")
+    def none_recipe():
+        return 3
+
+    with pytest.raises(TypeError, match="Preset 'none-recipe' gave a int; its function must return a list"):
+        presets.get("none-recipe")
+
+
+def test_several_devices_in_an_interactive_session_get_ddp_fork_as_lightning_chooses(monkeypatch):
+    monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)  # a notebook, `python -i`: Lightning refuses "ddp"
+    assert presets.recommended_strategy(2) == "ddp_fork"
+    trainer = presets.get("vision-mild", accelerator="cpu", devices=2).trainer(logger=False)
+    assert type(trainer.strategy).__name__ == "DDPStrategy" and trainer.strategy._start_method == "fork"
+    monkeypatch.delattr(sys, "ps1")
+    assert presets.recommended_strategy(2) == "ddp"
+
+
+def test_recipe_trainer_keeps_precision_and_strategy_set_on_the_recipe_for_other_devices():
+    recipe = presets.get("vision-mild", accelerator="cpu")
+    recipe.trainer_kwargs["precision"] = "bf16-mixed"
+    recipe.trainer_kwargs["strategy"] = "ddp_find_unused_parameters_true"
+    trainer = recipe.trainer(devices=2, logger=False)
+    assert trainer.precision == "bf16-mixed" and trainer.strategy._ddp_kwargs == {"find_unused_parameters": True}
+    # untouched, they are recommended again for the devices asked for
+    trainer = presets.get("vision-mild", accelerator="cpu").trainer(devices=2, logger=False)
+    assert trainer.precision == "32-true" and type(trainer.strategy).__name__ == "DDPStrategy"
+    assert trainer.strategy._ddp_kwargs == {}
+
+
+def test_a_batch_size_finder_recipe_refuses_several_nodes_up_front():
+    with pytest.raises(ValueError, match=r"runs on one device only .*num_nodes=2"):
+        presets.get("large-batch", accelerator="cpu").trainer(num_nodes=2, logger=False)
+
+
+def test_a_presets_trainer_settings_must_be_trainer_arguments(registry):
+    with pytest.raises(TypeError, match=r"Preset 'typo-trainer': `trainer` has 'max_epoch'.*Did you mean 'max_epochs'"):
+        presets.register(declarative("typo-trainer", "s", "d", [("MixUp", {})], trainer={"max_epoch": 3}))
+    assert "typo-trainer" not in presets._REGISTRY
