@@ -111,6 +111,32 @@ class ResumableDataLoader(DataLoader):
         # still record its position.
         super().__init__(*args, **kwargs)
         self.speedups_datamodule = speedups_datamodule
+        if speedups_datamodule is not None:
+            # the datamodule's training loader, wherever it was built (its own `train_dataloader` or a user's
+            # override): it records this loader's position in checkpoints and hands it a restored one
+            speedups_datamodule._adopt_train_loader(self)
+
+    @property
+    def order_sampler(self) -> Any:
+        """The sampler that orders the samples: the ``batch_sampler``'s own sampler when one was given (the
+        loader's ``sampler`` is then a default ``SequentialSampler`` nobody iterates), else ``sampler``."""
+        if self.batch_size is None and self.batch_sampler is not None:
+            return getattr(self.batch_sampler, "sampler", self.sampler)
+        return self.sampler
+
+    def _samples_per_batch(self) -> int | None:
+        """Samples per batch, to skip a resumed epoch's first batches; None for batches of varying size."""
+        if self.batch_size is not None:
+            return int(self.batch_size)
+        if self.batch_sampler is None:
+            return 1  # automatic batching off: each sample is a batch
+        size = getattr(self.batch_sampler, "batch_size", None)
+        return size if isinstance(size, int) and size > 0 else None
+
+    def _order_seed(self, dm: SpeedupDataModule) -> int:
+        """The seed the order follows: the sampler's own (a sampling callback's ``seed``), else the datamodule's."""
+        seed = getattr(self.order_sampler, "seed", None)
+        return int(seed) if isinstance(seed, int) else dm._seed()
 
     def state_dict(self) -> dict[str, int]:
         dm = self.speedups_datamodule
@@ -122,14 +148,14 @@ class ResumableDataLoader(DataLoader):
             "epoch": self._epoch_in_progress(trainer),
             "batches": batches,
             "epoch_done": int(batches >= trainer.num_training_batches),
-            "seed": dm._seed(),  # compared on resume: the order follows it
+            "seed": self._order_seed(dm),  # compared on resume: the order follows it
         }
 
     def _epoch_in_progress(self, trainer: pl.Trainer) -> int:
         """The epoch of the pass the trainer is in: the sampler's ``epoch`` where it has one (what ``set_epoch``
         gave it), else the trainer's current epoch, which is that epoch while training runs. A sampler may follow
         ``set_epoch`` without exposing ``epoch``: recording 0 for it would replay epoch 0's order on resume."""
-        epoch = getattr(self.sampler, "epoch", None)
+        epoch = getattr(self.order_sampler, "epoch", None)
         return int(trainer.current_epoch if epoch is None else epoch)
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
@@ -142,28 +168,36 @@ class ResumableDataLoader(DataLoader):
         self._loaded_state = dict(state_dict)
         dm = self.speedups_datamodule
         saved_seed = state_dict.get("seed")
-        if dm is not None and saved_seed is not None and int(saved_seed) != dm._seed():
+        seed = self._order_seed(dm) if dm is not None else None
+        if seed is not None and saved_seed is not None and int(saved_seed) != seed:
+            # the datamodule's seed, or a sampling callback's own `seed=`, which then sets the order
+            fix = (
+                f"Call `seed_everything({saved_seed})` before `fit`, or pass `seed={saved_seed}` to "
+                f"{type(dm).__name__}."
+                if seed == dm._seed()
+                else f"Pass `seed={saved_seed}` to the sampling callback, whose seed sets the order."
+            )
             rank_zero_warn(
                 f"The checkpoint's run shuffled its training data with seed {saved_seed}, this run with seed "
-                f"{dm._seed()}: the resumed run will not train on the batches the uninterrupted one would have. "
-                f"Call `seed_everything({saved_seed})` before `fit`, or pass `seed={saved_seed}` to "
-                f"{type(dm).__name__}.",
+                f"{seed}: the resumed run will not train on the batches the uninterrupted one would have. {fix}",
                 category=SpeedupWarning,
             )
         done = bool(state_dict.get("epoch_done"))
         epoch = state_dict["epoch"] + 1 if done else state_dict["epoch"]
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
+        sampler = self.order_sampler
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
         if done or not state_dict.get("batches"):
             return
-        skip = getattr(self.sampler, "skip_next", None)
-        if skip is None:
+        skip, per_batch = getattr(sampler, "skip_next", None), self._samples_per_batch()
+        if skip is None or per_batch is None:
+            why = "has no `skip_next`" if skip is None else "sits under a batch sampler with no fixed `batch_size`"
             rank_zero_warn(
-                f"The training sampler {type(self.sampler).__name__} has no `skip_next`: a run resumed "
-                "mid-epoch restarts the epoch's data from its first batch."
+                f"The training sampler {type(sampler).__name__} {why}: a run resumed mid-epoch restarts the "
+                "epoch's data from its first batch."
             )
             return
-        skip(state_dict["batches"] * (self.batch_size or 1))
+        skip(state_dict["batches"] * per_batch)
 
 
 def _restoring_checkpoint(trainer: pl.Trainer | None) -> bool:
@@ -432,13 +466,17 @@ class SpeedupDataModule(pl.LightningDataModule):
             sampler=sampler,
             drop_last=self.drop_last,
             **self.loader_kwargs(dataset),
-            speedups_datamodule=self,
+            speedups_datamodule=self,  # which registers it (`_adopt_train_loader`)
         )
+        return loader
+
+    def _adopt_train_loader(self, loader: ResumableDataLoader) -> None:
+        """Make ``loader`` the training loader whose position checkpoints record, and hand it the position of the
+        checkpoint being restored, if any (consumed once)."""
         self._train_loader = weakref.ref(loader)  # not kept alive (nor its workers) by the datamodule
         pending, self._pending_loader_state = self.__dict__.get("_pending_loader_state"), None
         if pending and _restoring_checkpoint(self.trainer):
             loader.load_state_dict(pending)
-        return loader
 
     # A resumed run gets the loader's position from the checkpoint twice: here, from the datamodule's own entry
     # (restored before the strategy's setup), and from Lightning's loop state (restored after it). Lightning's

@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch import seed_everything
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import ConcatDataset, DistributedSampler, Sampler, TensorDataset
 
@@ -320,6 +321,70 @@ def test_resume_when_the_loader_is_built_before_the_restore(tmp_path, step, num_
     resumed = run(ckpt_path=str(ckpt))
     assert full.seen[2:4] != full.seen[step : step + 2]  # starting the epoch over would show
     assert resumed.seen == full.seen[step:]
+
+
+class OwnLoaderDM(IndexedDM):
+    """A `train_dataloader` of the user's own: a ResumableDataLoader given the datamodule (docs/data.md), with the
+    sampler passed directly or inside a batch sampler."""
+
+    def __init__(self, batch_sampler=False, **kwargs):
+        super().__init__(**kwargs)
+        self.use_batch_sampler = batch_sampler
+
+    def train_dataloader(self):
+        dataset = self.train_dataset
+        sampler = self.train_sampler(dataset)
+        if self.use_batch_sampler:
+            batches = torch.utils.data.BatchSampler(sampler, self.batch_size, drop_last=False)
+            return ResumableDataLoader(dataset, batch_sampler=batches, speedups_datamodule=self, num_workers=1)
+        return ResumableDataLoader(dataset, batch_size=self.batch_size, sampler=sampler, speedups_datamodule=self)
+
+
+@pytest.mark.parametrize("batch_sampler", [False, True], ids=["sampler", "batch-sampler"])
+@pytest.mark.parametrize("step", [6, 8], ids=["mid-epoch", "epoch-end"])
+def test_a_users_own_resumable_loader_resumes_where_the_run_stopped(tmp_path, step, batch_sampler):
+    # Its own loader was never registered with the datamodule (the epoch restarted under #20550), and with a batch
+    # sampler the position went to the loader's unused default sampler (a wrong warning, epoch 0's order replayed).
+    def run(ckpt_path=None, save=False):
+        model = ScheduledIndexModule()
+        extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)] if save else []
+        t = trainer(max_epochs=3, callbacks=extra, enable_checkpointing=save)
+        dm = OwnLoaderDM(batch_sampler, n=32, batch_size=8, seed=0)
+        t.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+        return model
+
+    full = run(save=True)
+    (ckpt,) = tmp_path.glob(f"*step={step}.ckpt")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", ".*restarts the epoch", UserWarning)
+        resumed = run(ckpt_path=str(ckpt))
+    assert full.seen[2:4] != full.seen[step : step + 2]
+    assert resumed.seen == full.seen[step:]
+
+
+def test_a_sampling_callbacks_own_seed_sets_the_order_and_the_resume_check(tmp_path):
+    # The checkpoint recorded the datamodule's seed although RepeatFactorSampling(seed=5) set the order: a resume
+    # under another global seed was warned about (and told to change it), though it trains the same batches.
+    from lightning_speedups import RepeatFactorSampling
+
+    def run(global_seed, sampler_seed=5, ckpt_path=None):
+        seed_everything(global_seed)
+        save = ckpt_path is None
+        extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)] if save else []
+        model = IndexModule()
+        callbacks = [RepeatFactorSampling(threshold=0.3, seed=sampler_seed), *extra]
+        trainer(max_epochs=1, callbacks=callbacks, enable_checkpointing=save).fit(
+            model, datamodule=IndexedDM(n=32, batch_size=8), ckpt_path=ckpt_path
+        )
+        return model.seen
+
+    full = run(1)
+    ckpt = str(tmp_path / "epoch=0-step=2.ckpt")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "The checkpoint's run shuffled", SpeedupWarning)
+        assert run(2, ckpt_path=ckpt) == full[2:]
+    with pytest.warns(SpeedupWarning, match=r"seed 5, this run with seed 6.*Pass `seed=5` to the sampling callback"):
+        run(1, sampler_seed=6, ckpt_path=ckpt)
 
 
 def test_a_loader_position_applies_only_while_a_checkpoint_is_restored():

@@ -393,3 +393,39 @@ def test_an_epoch_ramp_beyond_the_images_warns_in_the_pipeline_too():
             model, datamodule=PipelineData(num_workers=0)
         )
     assert [size for _, size, _, _ in model.steps] == [(8, 8), (24, 24)]
+
+
+class ScheduledRecorder(PipelineRecorder):
+    """Reads ``estimated_stepping_batches`` in ``configure_optimizers`` (a OneCycle or cosine schedule would), so
+    the training loader exists before a tuner's trial; records trial batches' sizes apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lr = 0.05
+        self.trial_sizes: list[tuple[int, int]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        if not any(isinstance(c, ProgressiveResizing) for c in self.trainer.callbacks):  # the tuner's trial
+            self.trial_sizes.append(tuple(batch[0].shape[-2:]))
+            return F.cross_entropy(self(batch[0]), batch[1])
+        return super().training_step(batch, batch_idx)
+
+    def configure_optimizers(self) -> Any:
+        assert self.trainer.estimated_stepping_batches > 0
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+@pytest.mark.parametrize("tuner", ["lr_finder", "batch_size_finder"])
+def test_a_tuner_trial_neither_shrinks_its_own_batches_nor_leaves_its_run_length_for_the_real_run(tuner, tmp_path):
+    # The trial's short max_steps stayed cached in the epoch counts: the real run jumped to full size mid-ramp.
+    from lightning.pytorch.callbacks import BatchSizeFinder, LearningRateFinder
+
+    finder = LearningRateFinder(num_training_steps=5) if tuner == "lr_finder" else BatchSizeFinder(max_trials=1)
+    model = ScheduledRecorder()
+    cb = ProgressiveResizing(0.5, 0.25, 0.25, mode="pipeline", validation="full", size_increment=2)
+    trainer(callbacks=[finder, cb], max_epochs=3, default_root_dir=tmp_path).fit(
+        model, datamodule=PipelineData(n=32, batch_size=8, num_workers=0)
+    )
+    assert model.trial_sizes and set(model.trial_sizes) == {(SIZE, SIZE)}  # trials see full-size batches
+    assert [size for _, size, _, _ in model.steps] == [on_device for _, _, on_device, _ in model.steps]
+    assert model.steps[0][1] == (8, 8) and len({size for _, size, _, _ in model.steps}) >= 3

@@ -231,7 +231,7 @@ class ProgressiveResizing(SpeedupCallback):
         self._full: tuple[int, int] | None = None  # of the last training batch, before resizing
         self._val_size: tuple[int, int] | None = None
         self._cache: deque[Tensor] = deque(maxlen=self.calibration_batches)
-        self._epoch_counts: dict[tuple[int, int], tuple[int, float]] = {}  # pipeline: (steps before, total)
+        self._epoch_counts: dict[tuple[Any, ...], tuple[int, float]] = {}  # pipeline: (steps before, total)
         self._snapshot: Any = None
         self._has_bn = False
         self._trained_bn: list[nn.Module] = []  # the BatchNorm layers in training mode while training
@@ -419,10 +419,16 @@ class ProgressiveResizing(SpeedupCallback):
         return batches, cap_by_max_steps(trainer, total)
 
     def _plan_for_batch(self, trainer: pl.Trainer, loader_batches: int, epoch: int, batch: int) -> ResizePlan:
+        if not any(cb is self for cb in trainer.callbacks):
+            # a BatchSizeFinder or LR-finder trial (Lightning swaps the callbacks out for it): full size, as the
+            # seam leaves the trial's batches on the device
+            return ResizePlan(scale=1.0, size_increment=self.size_increment)
         if self.ramp is not None:
             return self.plan_at(0.0, epoch)
-        # per batch, so the epoch counts are worked out once per (loader length, epoch) of the fit
-        key = (loader_batches, epoch)
+        # per batch, so the epoch counts are worked out once per loader length and epoch, and per run length: a
+        # tuner trial with a loader built before it (`estimated_stepping_batches` in `configure_optimizers`) runs
+        # with its own max_steps and limits, which must not stay cached for the real run
+        key = (loader_batches, epoch, trainer.max_steps, trainer.max_epochs, trainer.limit_train_batches)
         counts = self._epoch_counts.get(key)
         if counts is None:
             batches, total = self._steps(trainer, loader_batches)
