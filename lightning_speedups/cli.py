@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,7 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME[:k=v,...]",
-        help="a callback instead of a preset, e.g. MixUp:alpha=0.4 (repeatable)",
+        help=(
+            "a callback instead of a preset, e.g. MixUp:alpha=0.4, or your own as package.module:Class[:k=v,...] "
+            "(repeatable)"
+        ),
     )
     cmp.add_argument("--model", help="your LightningModule class, as package.module:Class")
     cmp.add_argument("--datamodule", help="your LightningDataModule class, as package.module:Class")
@@ -83,9 +87,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "presets":
-        return _presets(args)
-    return _compare(args)
+    try:
+        if args.command == "presets":
+            return _presets(args)
+        return _compare(args)
+    except BrokenPipeError:
+        # the reader stopped early (`| head`): what it read was printed, and compare saved its report first;
+        # what is left in the buffer goes nowhere, not into a second error at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _presets(args: argparse.Namespace) -> int:

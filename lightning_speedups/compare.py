@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import re
+import signal
 import statistics
 import sys
 import traceback
@@ -203,8 +204,16 @@ def parse_callback(spec: str) -> Callback:
     """``"MixUp"`` or ``"MixUp:alpha=0.4,p=0.5"`` -> a callback instance; values are Python literals (lists and
     tuples included) or, failing that, plain strings."""
     name, _, arg_text = spec.partition(":")
+    head, _, rest = arg_text.partition(":")
     try:
-        cls = presets.resolve_callback_class(name.strip())
+        try:
+            cls = presets.resolve_callback_class(name.strip())
+        except ValueError:
+            if not head.strip().isidentifier():
+                raise
+            # `package.module:Class[:args]`, as --model takes it
+            cls = presets.resolve_callback_class(f"{name.strip()}.{head.strip()}")
+            arg_text = rest
     except ValueError as err:
         raise CompareError(f"--callback {spec!r}: {err}") from err
     kwargs: dict[str, Any] = {}
@@ -292,11 +301,34 @@ def _measure_at_full_size(callbacks: list[Callback]) -> list[Callback]:
     return callbacks
 
 
+#: Trainer settings compare sets for every arm, which a preset's own settings do not change
+_COMPARES_OWN = frozenset(
+    {
+        "max_epochs",
+        "max_steps",
+        "callbacks",
+        "logger",
+        "enable_checkpointing",
+        "enable_progress_bar",
+        "enable_model_summary",
+        "num_sanity_val_steps",
+    }
+)
+
+#: the largest seed `seed_everything` takes (NumPy's)
+_MAX_SEED = 2**32 - 1
+
+
 def _check(cfg: CompareConfig) -> None:
     if cfg.target is not None and not 0.0 < cfg.target <= 1.0:
         raise CompareError(f"--target must be in (0, 1] (an accuracy), got {cfg.target}.")
     if cfg.repeats < 1:
         raise CompareError(f"--repeats must be >= 1, got {cfg.repeats}.")
+    if not 0 <= cfg.seed <= _MAX_SEED - (cfg.repeats - 1):  # repeat r runs with seed + r
+        raise CompareError(
+            f"--seed must be in [0, {_MAX_SEED - (cfg.repeats - 1)}] with --repeats {cfg.repeats} (repeat r uses "
+            f"seed + r, and seeds go up to {_MAX_SEED}), got {cfg.seed}."
+        )
     if cfg.max_epochs < 1:
         raise CompareError(f"--max-epochs must be >= 1, got {cfg.max_epochs}.")
     if cfg.devices < 1:
@@ -371,21 +403,25 @@ def _run(
     extra: dict[str, Any],
     bar: Any,
     max_steps: int = -1,
+    warmup: bool = False,
 ) -> RunResult:
     pl.seed_everything(cfg.seed + repeat, verbose=False)
-    meter = TrainingMeter(cfg.metric)
+    # the untimed warm-up's 2 steps validate once: a model that logs the metric in some epochs only may not there
+    meter = TrainingMeter(cfg.metric, require_metric=not warmup)
     if bar is not None:
         bar.set_description(f"repeat {repeat + 1}/{cfg.repeats} · {arm}")
     budget = [_ValidateAtBudget(max_steps)] if max_steps > 0 else []
     try:
+        # compare's own settings (the run's length, its callbacks, no logger or checkpoints) are every arm's; the
+        # recommended precision and strategy give way to those a preset fixes, with its other settings
         settings: dict[str, Any] = {
+            "accelerator": cfg.accelerator,
+            "devices": cfg.devices,
             "strategy": presets.recommended_strategy(cfg.devices, cfg.accelerator),
             "precision": presets.recommended_precision(cfg.accelerator),
-            **extra,  # a preset's own Trainer settings, its precision or strategy included
+            **{k: v for k, v in extra.items() if k not in _COMPARES_OWN},
         }
         trainer = pl.Trainer(
-            accelerator=cfg.accelerator,
-            devices=cfg.devices,
             max_epochs=cfg.max_epochs,
             max_steps=max_steps,
             callbacks=[*callbacks, *budget, meter, _Progress(bar)],
@@ -396,7 +432,17 @@ def _run(
             num_sanity_val_steps=0,
             **settings,
         )
-        trainer.fit(make_model(), datamodule=make_dm())
+        sigint = signal.getsignal(signal.SIGINT)
+        try:
+            trainer.fit(make_model(), datamodule=make_dm())
+        except SystemExit:
+            # Lightning turns Ctrl-C inside `fit` into `sys.exit(1)`, its notice silenced here, and leaves Ctrl-C
+            # ignored: say it was interrupted (the command's status 130), with Ctrl-C as it was
+            if trainer.interrupted:
+                with contextlib.suppress(ValueError, TypeError):  # not the main thread; a handler set from C
+                    signal.signal(signal.SIGINT, sigint)
+                raise KeyboardInterrupt from None
+            raise
     except MissingMetricError as err:
         raise CompareError(f"the {arm!r} run: {err}") from err
     except (ValueError, TypeError, ImportError, RuntimeError, MisconfigurationException) as err:
@@ -404,15 +450,17 @@ def _run(
         # up front, at construction or fit start), or a recipe the model cannot take (a fixed input size under
         # resizing): say which run it stopped and where, without a traceback
         notes = "".join(f" {note}" for note in getattr(err, "__notes__", []))  # e.g. which callback is behind it
-        if cfg.preset is not None and arm not in (BASELINE, BUDGET):
+        if not cfg.callbacks and arm not in (BASELINE, BUDGET):  # a preset's run, named or the default one
             notes += (
                 f" The preset's callbacks cannot be changed here: list the ones that suit your model with "
-                f"--callback instead of --preset (`lightning-speedups presets {cfg.preset}` shows them)."
+                f"--callback instead of --preset (`lightning-speedups presets {cfg.preset or DEFAULT_PRESET}` "
+                "shows them)."
             )
         raise CompareError(
             f"the {arm!r} run could not start or stopped: {type(err).__name__}: {err}{_raised_at(err)}.{notes}"
         ) from err
-    if not meter.history:  # no metric to compare: the table would be all NaN, and results.json invalid JSON
+    if not meter.history and not (warmup and meter.validations):
+        # no metric to compare: the table would be all NaN, and results.json invalid JSON
         raise CompareError(
             f"the {arm!r} run never validated: does the datamodule give validation data (a `val_dataloader` "
             "with batches) and the model a `validation_step` that logs the metric?"
@@ -520,7 +568,7 @@ def _run_arms(
             # search would run in full.
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                _run(BASELINE, 0, cfg, make_model, make_dm, [], {}, None, max_steps=2)
+                _run(BASELINE, 0, cfg, make_model, make_dm, [], {}, None, max_steps=2, warmup=True)
             for repeat in range(cfg.repeats):
                 # alternate which of the two goes first, so a slow spell does not always hit the same arm
                 pair: dict[str, RunResult] = {}
@@ -566,17 +614,20 @@ def _finish(cfg: CompareConfig, runs: list[RunResult], label: str, out: TextIO) 
     text = format_report(report)
     if rank_zero_only.rank != 0:  # under DDP every rank runs the comparison; one reports it
         return report
-    print(text, file=out)
-    if cfg.output is not None:
+    saved_note = ""
+    if cfg.output is not None:  # saved before anything is printed: a reader that stops early (`| head`) loses nothing
         try:
             plotted = save_report(report, cfg.output, text)
         except OSError as err:  # the folder changed under the runs (the up-front check passed)
             raise CompareError(f"--output {str(cfg.output)!r}: could not save the report ({err}).") from err
         saved = f"{cfg.output / 'report.md'}, {cfg.output / 'results.json'}"
         if plotted:
-            print(f"\nSaved {saved} and {cfg.output / 'accuracy.png'}.", file=out)
+            saved_note = f"\nSaved {saved} and {cfg.output / 'accuracy.png'}."
         else:
-            print(f"\nSaved {saved} (no plot: matplotlib is not installed; `pip install matplotlib`).", file=out)
+            saved_note = f"\nSaved {saved} (no plot: matplotlib is not installed; `pip install matplotlib`)."
+    print(text, file=out)
+    if saved_note:
+        print(saved_note, file=out)
     return report
 
 
@@ -626,6 +677,12 @@ def format_report(report: Report) -> str:
             f"{_speed(s.speedup_flops)} |"
         )
     recipe, budget = report.summary(report.recipe), report.summary(BUDGET)
+    if recipe is not None and budget is None and cfg.get("budget_baseline", True):
+        lines += [
+            "",
+            "No baseline shortened to the recipe's FLOPs: the recipe's training FLOPs are not below the baseline's, "
+            "so there is no shorter schedule to compare it with.",
+        ]
     if recipe is not None and budget is not None:
         lines += ["", f"Against the baseline shortened to the recipe's FLOPs ({budget.steps:.0f} steps):"]
         if budget.wall_to_target is None and recipe.wall_to_target is not None:
@@ -642,8 +699,8 @@ def format_report(report: Report) -> str:
     lines += [
         "",
         "Wall and CPU time include validation; FLOPs are training FLOPs counted with torch.utils.flop_counter. "
-        "Every arm validates at full size (ProgressiveResizing's validation at the training scale is switched off "
-        "here, so the time to target is what a full-size model reaches).",
+        "Every arm validates at full size (a ProgressiveResizing's default validation at the training scale is "
+        "switched off here, so the time to target is what a full-size model reaches).",
     ]
     devices = report.config.get("devices", 1)
     if isinstance(devices, int) and devices > 1:

@@ -104,13 +104,20 @@ class TrainingMeter(Callback):
 
     Args:
         metric: the validation metric to record (a key of ``trainer.callback_metrics``).
+        require_metric: raise :class:`MissingMetricError` at the end of training if validations ran but none
+            logged the metric. A validation that does not log it (a model that logs it every other epoch) adds no
+            point either way.
 
-    After ``fit``, :attr:`history` holds one :class:`Checkpoint` per validation (sanity checks excluded), and
-    :attr:`flops` the training FLOPs of the whole run.
+    After ``fit``, :attr:`history` holds one :class:`Checkpoint` per validation that logged the metric (sanity
+    checks excluded), :attr:`validations` counts every validation, and :attr:`flops` the training FLOPs of the
+    whole run.
     """
 
-    def __init__(self, metric: str = "val_acc") -> None:
+    def __init__(self, metric: str = "val_acc", *, require_metric: bool = True) -> None:
         self.metric = metric
+        self.require_metric = require_metric
+        self.validations = 0
+        self._missing: str | None = None
         self.history: list[Checkpoint] = []
         self.flops = 0.0
         self.flops_per_shape: dict[tuple, float] = {}
@@ -121,6 +128,7 @@ class TrainingMeter(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":  # before a checkpoint's state is restored
             self.history, self.flops, self.flops_per_shape = [], 0.0, {}
+            self.validations, self._missing = 0, None
             # The clocks start here, not at `on_fit_start`: Lightning runs `BatchSizeFinder` (moved to the front of
             # the callbacks) in its `on_fit_start`, and its trial steps are part of the recipe's cost.
             self._t0, self._c0 = time.perf_counter(), cpu_seconds()
@@ -175,13 +183,15 @@ class TrainingMeter(Callback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
             return
+        self.validations += 1
         value = trainer.callback_metrics.get(self.metric)
-        if value is None:
+        if value is None:  # not yet: a model may log it only in some epochs; `on_train_end` judges the whole run
             known = ", ".join(sorted(trainer.callback_metrics)) or "none"
-            raise MissingMetricError(
+            self._missing = (
                 f"The validation metric {self.metric!r} was not logged (logged: {known}). Log it with "
                 f"`self.log({self.metric!r}, ...)` in `validation_step`, or choose another metric."
             )
+            return
         if value is self.__dict__.get("_before"):
             return
         self.history.append(
@@ -194,6 +204,10 @@ class TrainingMeter(Callback):
                 metric=float(value),
             )
         )
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.require_metric and not self.history and self._missing is not None:
+            raise MissingMetricError(self._missing)
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": [asdict(c) for c in self.history], "flops": self.flops}

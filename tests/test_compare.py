@@ -55,6 +55,7 @@ def test_compare_on_a_tiny_budget_writes_its_table_and_plot(tmp_path, capsys):
     baseline = next(s for s in results["summaries"] if s["arm"] == "baseline")
     assert baseline["flops"] > 0 and baseline["steps"] == 12  # 1438 samples / 128 per batch
     assert baseline["speedup_flops"] == pytest.approx(1.0)
+    assert "No baseline shortened to the recipe's FLOPs: the recipe's training FLOPs are not below" in printed
 
 
 def test_a_flop_saving_preset_gets_the_equal_budget_baseline(tmp_path, capsys):
@@ -181,6 +182,8 @@ def test_the_equal_budget_run_is_validated_at_its_last_step_even_mid_epoch():
         (["--model", "nocolon", "--datamodule", "x"], "is not an import path"),
         (["--target", "1.5"], r"--target must be in \(0, 1\]"),
         (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--seed", "-1"], r"--seed must be in \[0, 4294967293\] with --repeats 3"),
+        (["--seed", "4294967295", "--repeats", "2"], r"--seed must be in \[0, 4294967294\]"),
         (["--metric", "val_loss"], "looks like a lower-is-better metric"),
         (["--metric", "val_err"], "looks like a lower-is-better metric"),
         (["--metric", "val/mse"], "looks like a lower-is-better metric"),
@@ -238,6 +241,9 @@ def test_a_module_in_the_current_folder_is_found(tmp_path, monkeypatch):
 def test_parse_callback():
     cb = parse_callback("MixUp:alpha=0.4,p=0.5,end=0.9")
     assert (cb.alpha, cb.p, cb.end) == (0.4, 0.5, 0.9)
+    cb = parse_callback("lightning_speedups.callbacks.mixup:MixUp:alpha=0.3")  # module:Class, as --model takes
+    assert type(cb).__name__ == "MixUp" and cb.alpha == 0.3
+    assert type(parse_callback("lightning.pytorch.callbacks:LearningRateMonitor")).__name__ == "LearningRateMonitor"
     assert type(parse_callback("EarlyStopping:monitor=val_acc")).__name__ == "EarlyStopping"
     # a misspelt argument: the class asked for is named (not the base class whose __init__ refuses it)
     with pytest.raises(CompareError, match=r"MixUp has no argument 'alph' \('alph': did you mean 'alpha'"):
@@ -441,6 +447,11 @@ class EveryOther(ImageClassifier):
         if self.current_epoch % 2 == 0:
             return super().validation_step(batch, batch_idx)
 
+class OddEpochs(ImageClassifier):
+    def validation_step(self, batch, batch_idx):
+        if self.current_epoch % 2 == 1:
+            return super().validation_step(batch, batch_idx)
+
 class FlatNet(ImageClassifier):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -448,6 +459,12 @@ class FlatNet(ImageClassifier):
 
     def forward(self, x):
         return self.head(x.mean(1).flatten(1))
+
+from lightning.pytorch.callbacks import Callback
+
+class Interrupt(Callback):
+    def on_train_batch_start(self, *args):
+        raise KeyboardInterrupt  # Ctrl-C during training
 """
 
 
@@ -458,6 +475,70 @@ def test_a_validation_that_does_not_log_the_metric_adds_no_point(tmp_path, monke
     report = run_comparison(cfg, out=io.StringIO())
     for run in report.runs:
         assert [c.epoch for c in run.history] == [0, 2]
+
+
+def test_a_model_that_logs_the_metric_from_its_second_validation_on_is_compared(tmp_path, monkeypatch):
+    # the untimed warm-up's one validation (epoch 0) logged nothing: it stopped the comparison, blaming the baseline
+    _write_module(tmp_path, monkeypatch, "unusual_models", UNUSUAL_MODELS)
+    cfg = _labelsmoothing_config(model="unusual_models:OddEpochs", max_epochs=4, repeats=1, budget_baseline=False)
+    report = run_comparison(cfg, out=io.StringIO())
+    for run in report.runs:
+        assert [c.epoch for c in run.history] == [1, 3]
+
+
+def test_ctrl_c_during_training_stops_with_status_130_and_says_so(tmp_path, monkeypatch, capsys):
+    # Lightning turns a KeyboardInterrupt inside fit into sys.exit(1), and compare silenced its notice: rc 1, silent
+    import signal
+
+    _write_module(tmp_path, monkeypatch, "unusual_models", UNUSUAL_MODELS)
+    out = tmp_path / "out"
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        assert main(["compare", *TINY, "--callback", "unusual_models:Interrupt", "--output", str(out)]) == 130
+        assert signal.getsignal(signal.SIGINT) is before  # Lightning leaves Ctrl-C ignored; compare puts it back
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert "interrupted: no report written." in capsys.readouterr().err
+    assert not (out / "report.md").exists()
+
+
+def test_a_presets_own_trainer_settings_apply_except_those_compare_sets(tmp_path, monkeypatch):
+    monkeypatch.setattr(presets, "_REGISTRY", dict(presets._REGISTRY))
+    presets.register(
+        presets.declarative(
+            "short-accumulating",
+            "s",
+            "d",
+            [("LabelSmoothing", {})],
+            trainer={"max_epochs": 1, "accumulate_grad_batches": 2, "enable_progress_bar": True},
+        )
+    )
+    cfg = _labelsmoothing_config(callbacks=[], preset="short-accumulating", max_epochs=2, repeats=1)
+    report = run_comparison(cfg, out=io.StringIO())  # was: Trainer() got multiple values for 'max_epochs'
+    steps = {run.arm: run.steps for run in report.runs}
+    assert steps["short-accumulating"] * 2 == steps["baseline"] == 2 * 6  # 2 epochs of 6 batches, every 2nd steps
+
+
+def test_a_failing_default_preset_is_told_how_to_choose_its_callbacks(tmp_path, monkeypatch, capsys):
+    _write_module(tmp_path, monkeypatch, "unusual_models", UNUSUAL_MODELS)
+    args = ["--model", "unusual_models:FlatNet", "--datamodule", "lightning_speedups.demo:DigitsDataModule"]
+    assert main(["compare", *args, *TINY[4:], "--repeats", "1", "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "list the ones that suit your model with --callback" in err
+    assert "`lightning-speedups presets vision-mild` shows them" in err
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
+    import subprocess
+
+    child = subprocess.Popen(
+        [sys.executable, "-m", "lightning_speedups", "presets", "vision-mild"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    child.stdout.close()  # as `| head` does once it has read enough: every write now fails
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 0 and "Traceback" not in err, err
 
 
 def test_a_recipe_the_model_cannot_take_gives_a_message_naming_the_run_and_the_line(tmp_path, monkeypatch, capsys):
