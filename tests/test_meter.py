@@ -69,6 +69,8 @@ def test_the_clocks_include_work_done_at_fit_start(monkeypatch):
     clock = {"now": 0.0}
     fake_time = SimpleNamespace(perf_counter=lambda: clock["now"], process_time=lambda: clock["now"])
     monkeypatch.setattr(meter_module, "time", fake_time)  # the meter's clocks only, not the process's
+    # and no child processes' CPU time: a DataLoader worker another test left alive would add real ticks
+    monkeypatch.setattr(meter_module, "cpu_seconds", lambda: clock["now"])
 
     class SlowStart(Callback):
         def on_fit_start(self, trainer, pl_module):
