@@ -133,10 +133,15 @@ class ResumableDataLoader(DataLoader):
         size = getattr(self.batch_sampler, "batch_size", None)
         return size if isinstance(size, int) and size > 0 else None
 
-    def _order_seed(self, dm: SpeedupDataModule) -> int:
-        """The seed the order follows: the sampler's own (a sampling callback's ``seed``), else the datamodule's."""
-        seed = getattr(self.order_sampler, "seed", None)
-        return int(seed) if isinstance(seed, int) else dm._seed()
+    def _order_seeds(self, dm: SpeedupDataModule) -> list[int]:
+        """The seeds the order follows: the sampler's own (``order_seeds`` of the sampling callbacks' sampler, each
+        callback's ``seed`` or the datamodule's; a ``seed`` attribute), else the datamodule's."""
+        sampler = self.order_sampler
+        seeds = getattr(sampler, "order_seeds", None)
+        if seeds is None:
+            seed = getattr(sampler, "seed", None)
+            seeds = (seed,) if isinstance(seed, int) else (dm._seed(),)
+        return [int(s) for s in seeds]
 
     def state_dict(self) -> dict[str, int]:
         dm = self.speedups_datamodule
@@ -148,7 +153,7 @@ class ResumableDataLoader(DataLoader):
             "epoch": self._epoch_in_progress(trainer),
             "batches": batches,
             "epoch_done": int(batches >= trainer.num_training_batches),
-            "seed": self._order_seed(dm),  # compared on resume: the order follows it
+            "seeds": self._order_seeds(dm),  # compared on resume: the order follows them
         }
 
     def _epoch_in_progress(self, trainer: pl.Trainer) -> int:
@@ -157,6 +162,28 @@ class ResumableDataLoader(DataLoader):
         ``set_epoch`` without exposing ``epoch``: recording 0 for it would replay epoch 0's order on resume."""
         epoch = getattr(self.order_sampler, "epoch", None)
         return int(trainer.current_epoch if epoch is None else epoch)
+
+    @staticmethod
+    def _warn_seeds(saved: list[int], seeds: list[int], dm: SpeedupDataModule) -> None:
+        # each seed is the datamodule's, or a sampling callback's own `seed=`, which then sets its part of the order
+        fixes = []
+        for was, now in zip(saved, seeds, strict=False):
+            if was == now:
+                continue
+            if now == dm._seed():
+                fixes.append(
+                    f"Call `seed_everything({was})` before `fit`, or pass `seed={was}` to {type(dm).__name__}."
+                )
+            else:
+                fixes.append(f"Pass `seed={was}` to the sampling callback whose seed is {now}.")
+        if len(saved) != len(seeds):
+            fixes.append("The sampling callbacks differ from the checkpoint's run too.")
+        shown = [", ".join(map(str, s)) for s in (saved, seeds)]
+        rank_zero_warn(
+            f"The checkpoint's run shuffled its training data with seed {shown[0]}, this run with seed {shown[1]}: "
+            f"the resumed run will not train on the batches the uninterrupted one would have. {' '.join(fixes)}",
+            category=SpeedupWarning,
+        )
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         # Called before Lightning creates the first iterator of the resumed run, and before it calls
@@ -167,21 +194,11 @@ class ResumableDataLoader(DataLoader):
             return
         self._loaded_state = dict(state_dict)
         dm = self.speedups_datamodule
-        saved_seed = state_dict.get("seed")
-        seed = self._order_seed(dm) if dm is not None else None
-        if seed is not None and saved_seed is not None and int(saved_seed) != seed:
-            # the datamodule's seed, or a sampling callback's own `seed=`, which then sets the order
-            fix = (
-                f"Call `seed_everything({saved_seed})` before `fit`, or pass `seed={saved_seed}` to "
-                f"{type(dm).__name__}."
-                if seed == dm._seed()
-                else f"Pass `seed={saved_seed}` to the sampling callback, whose seed sets the order."
-            )
-            rank_zero_warn(
-                f"The checkpoint's run shuffled its training data with seed {saved_seed}, this run with seed "
-                f"{seed}: the resumed run will not train on the batches the uninterrupted one would have. {fix}",
-                category=SpeedupWarning,
-            )
+        # "seed": a checkpoint saved before every seed of the order was recorded
+        saved = state_dict.get("seeds", [state_dict["seed"]] if "seed" in state_dict else None)
+        seeds = self._order_seeds(dm) if dm is not None else None
+        if seeds is not None and saved is not None and [int(s) for s in saved] != seeds:
+            self._warn_seeds([int(s) for s in saved], seeds, dm)  # type: ignore[arg-type]
         done = bool(state_dict.get("epoch_done"))
         epoch = state_dict["epoch"] + 1 if done else state_dict["epoch"]
         sampler = self.order_sampler

@@ -34,7 +34,13 @@ import numpy as np
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset, DistributedSampler
 
-from lightning_speedups.base import SpeedupWarning, accumulation_schedule, cap_by_max_steps, training_epochs
+from lightning_speedups.base import (
+    SpeedupWarning,
+    _clock,
+    accumulation_schedule,
+    cap_by_max_steps,
+    training_epochs,
+)
 from lightning_speedups.functional import sampling as fs
 
 if TYPE_CHECKING:
@@ -228,6 +234,14 @@ class EpochListSampler(DistributedSampler):
         """Skip the first ``n`` indices of this rank's next pass (a run resumed mid-epoch)."""
         self._skip = max(0, int(n))
 
+    @property
+    def order_seeds(self) -> tuple[int, ...]:
+        """Every seed the epoch lists follow: the repeat factors' and the curriculum's (each callback's own
+        ``seed``, or the datamodule's), what a resumed run must share to draw the same lists."""
+        parts = (self.plan.repeat, self.plan.curriculum)
+        seeds = tuple(int(part.seed) for part in parts if part is not None)
+        return seeds or (int(self.plan.seed),)
+
     def epoch_indices(self, epoch: int | None = None) -> np.ndarray:
         """The whole epoch list (all ranks) of ``epoch`` (default: the current one)."""
         return self.plan.epoch_indices(self.epoch if epoch is None else epoch, self.total_size)
@@ -283,18 +297,28 @@ def build_train_sampler(
     sampler = EpochListSampler(dataset, plan, epoch=epoch, num_replicas=num_replicas, rank=rank, drop_last=drop_last)
     batch_size = int(getattr(datamodule, "batch_size", 1) or 1)
     trainer = getattr(datamodule, "trainer", None)
-    plan.clock = step_clock(trainer, sampler.num_samples, batch_size, num_replicas, drop_last=drop_last)
+    plan.clock = step_clock(
+        trainer, sampler.num_samples, batch_size, num_replicas, drop_last=drop_last, epoch=int(epoch)
+    )
     return sampler
 
 
 def step_clock(
-    trainer: pl.Trainer | None, samples_per_rank: int, batch_size: int, num_replicas: int, *, drop_last: bool = False
+    trainer: pl.Trainer | None,
+    samples_per_rank: int,
+    batch_size: int,
+    num_replicas: int,
+    *,
+    drop_last: bool = False,
+    epoch: int = 0,
 ) -> fs.StepClock:
     """The :class:`~lightning_speedups.functional.sampling.StepClock` of a loader in ``trainer``'s run.
 
     Mirrors Lightning's own counts (``num_training_batches`` and ``estimated_stepping_batches``), which do
     not exist yet while the loader is being built: batches per epoch after ``limit_train_batches``,
-    ``accumulate_grad_batches``, and the run's length from ``max_epochs`` and ``max_steps``.
+    ``accumulate_grad_batches``, and the run's length from ``max_epochs`` and ``max_steps``. A loader rebuilt
+    between epochs (``reload_dataloaders_every_n_epochs``) for ``epoch`` is anchored at the steps the run has
+    taken: its earlier epochs may have had another length (another batch size, a resized dataset).
     """
     batches = samples_per_rank // batch_size if drop_last else -(-samples_per_rank // batch_size)
     if trainer is None:
@@ -306,7 +330,11 @@ def step_clock(
         batches = int(batches * limit)
     schedule = accumulation_schedule(trainer)
     accumulate = schedule[0][1] if schedule else max(1, int(trainer.accumulate_grad_batches))
-    clock = fs.StepClock(batch_size * num_replicas, batches, accumulate, accumulate_from=schedule)
+    progress = trainer.fit_loop.epoch_progress.current
+    anchor = (0, 0)
+    if epoch > 0 and progress.ready == progress.completed == epoch:  # between epochs of a running fit: a reload
+        anchor = (epoch, _clock(trainer))
+    clock = fs.StepClock(batch_size * num_replicas, batches, accumulate, accumulate_from=schedule, anchor=anchor)
     # max_steps in this clock's unit (batches under manual optimization, see `cap_by_max_steps`): the total the
     # callbacks' own progress uses
     max_epochs = training_epochs(trainer)

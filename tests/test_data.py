@@ -387,6 +387,36 @@ def test_a_sampling_callbacks_own_seed_sets_the_order_and_the_resume_check(tmp_p
         run(1, sampler_seed=6, ckpt_path=ckpt)
 
 
+def test_composed_samplers_record_every_seed_their_order_follows(tmp_path):
+    # RepeatFactorSampling(seed=7) beside a curriculum that follows the datamodule's seed: only 7 was recorded, so
+    # a resume under another global seed trained on other batches without a word
+    from lightning_speedups import CurriculumOrdering, RepeatFactorSampling
+
+    class Difficulty(IndexedDM):
+        def setup(self, stage):
+            super().setup(stage)
+            self.train_difficulty = np.arange(self.n, dtype=float)
+
+    def run(global_seed, ckpt_path=None):
+        seed_everything(global_seed)
+        save = ckpt_path is None
+        extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)] if save else []
+        callbacks = [RepeatFactorSampling(threshold=0.3, seed=7), CurriculumOrdering("linear"), *extra]
+        model = IndexModule()
+        trainer(max_epochs=1, callbacks=callbacks, enable_checkpointing=save).fit(
+            model, datamodule=Difficulty(n=32, batch_size=8), ckpt_path=ckpt_path
+        )
+        return model.seen
+
+    full = run(1)
+    ckpt = str(tmp_path / "epoch=0-step=2.ckpt")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "The checkpoint's run shuffled", SpeedupWarning)
+        assert run(1, ckpt_path=ckpt) == full[2:]
+    with pytest.warns(SpeedupWarning, match=r"seed 7, 1, this run with seed 7, 2.*`seed_everything\(1\)`"):
+        run(2, ckpt_path=ckpt)
+
+
 def test_a_loader_position_applies_only_while_a_checkpoint_is_restored():
     """BatchSizeFinder's trials restore a checkpoint of their own: its position must not reach a loader built
     later (a reload at the next epoch would start that epoch in the trial's place)."""

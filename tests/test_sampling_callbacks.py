@@ -133,6 +133,28 @@ def test_first_paced_steps_see_only_the_easiest_fraction():
     assert sorted(epoch1) == sorted(epoch2) == list(range(80)) and epoch1 != epoch2  # all data: uniform epochs
 
 
+def test_pacing_follows_the_real_steps_after_a_reload_with_another_batch_size():
+    # The rebuilt loader's clock assumed every earlier epoch had its own (new) length: epoch 1 paced as if 20
+    # steps had passed, not 10, over a run of 60 steps, not 50, with no warning.
+    clocks = []
+
+    class HalveTheBatch(Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            clock = trainer.train_dataloader.sampler.plan.clock
+            clocks.append((trainer.global_step, clock.first_step(trainer.current_epoch), clock.total_steps))
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            trainer.datamodule.batch_size = 4  # from epoch 1 on: 20 batches per epoch instead of 10
+
+    cur = CurriculumOrdering("linear", start_fraction=0.1, full_at=1.0)
+    model, t = fit([cur, HalveTheBatch()], reload_dataloaders_every_n_epochs=1)
+    assert t.global_step == 10 + 20 + 20
+    assert clocks == [(0, 0, 30.0), (10, 10, 50.0), (30, 30, 50.0)]  # epoch 0 knew only its own length
+    rank = ranks(np.argsort(np.random.default_rng(1).permutation(80).astype(float)))
+    for step, indices in zip(model.steps[10:], model.seen[10:], strict=True):  # epochs 1 and 2: the published pace
+        assert rank[indices].max() < fs.pool_sizes(cur.pacing.fraction([step], 50), 80)[0], step
+
+
 class TwoOptimizerIndexModel(IndexModel):
     """Manual optimization with two optimizers: Lightning counts two global steps per batch."""
 

@@ -537,6 +537,8 @@ class StepClock:
         total_steps: optimizer steps of the whole run (``inf`` when unknown).
         accumulate_from: ``(first epoch, accumulate)`` pairs, sorted by epoch, that override ``accumulate`` from
             their epoch on: a ``GradientAccumulationScheduler``'s schedule.
+        anchor: ``(epoch, step)``: ``epoch`` starts at ``step``, whatever the epochs before it took (a loader
+            rebuilt with another length: its earlier epochs ran at the old one); later epochs count from there.
 
     Example::
 
@@ -550,6 +552,7 @@ class StepClock:
     accumulate: int = 1
     total_steps: float = math.inf
     accumulate_from: tuple[tuple[int, int], ...] = ()
+    anchor: tuple[int, int] = (0, 0)
 
     def __post_init__(self) -> None:
         if self.global_batch_size < 1 or self.accumulate < 1 or any(a < 1 for _, a in self.accumulate_from):
@@ -572,7 +575,13 @@ class StepClock:
         return accumulate
 
     def first_step(self, epoch: int) -> int:
-        """The optimizer step that ``epoch`` starts at: the steps of all earlier epochs."""
+        """The optimizer step that ``epoch`` starts at: the steps of all earlier epochs (from the anchor's)."""
+        anchor_epoch, anchor_step = self.anchor
+        if epoch < anchor_epoch or self.anchor == (0, 0):
+            return self._steps_before(epoch)
+        return anchor_step + self._steps_before(epoch) - self._steps_before(anchor_epoch)
+
+    def _steps_before(self, epoch: int) -> int:
         batches = max(1, self.batches_per_epoch)
         steps, start, accumulate = 0, 0, self.accumulate
         for first, value in (*self.accumulate_from, (epoch, 0)):
