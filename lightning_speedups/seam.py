@@ -49,6 +49,8 @@ class BatchTransformSeam:
 
     def __call__(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
         batch = self._original(batch, device, dataloader_idx)
+        if batch is None:  # a batch the user's `on_after_batch_transfer` dropped: Lightning skips its step
+            return batch
         trainer = self.trainer
         # One read of the stage rather than `trainer.training and not trainer.sanity_checking` (each a chain of
         # properties and a string-enum comparison, paid on every batch): sanity checking is a stage of its own.

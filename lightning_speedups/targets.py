@@ -275,7 +275,10 @@ class TargetTransformCallback(SpeedupCallback):
         self._fit_started = True
         # Here rather than in setup: the module's own `setup` and `configure_model` (which run after the callbacks'
         # `setup`) may be where its `num_classes` and its loss come from.
-        self._classes = self.num_classes if self.num_classes is not None else infer_num_classes(trainer, pl_module)
+        if self.num_classes is not None or not self.transforms_batches:
+            self._classes = self.num_classes  # a technique that leaves the targets alone needs no class count
+        else:
+            self._classes = infer_num_classes(trainer, pl_module)
         if self.check_loss:
             self.check_module(pl_module)
 

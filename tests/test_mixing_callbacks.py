@@ -3,6 +3,7 @@
 import warnings
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
@@ -470,6 +471,51 @@ def test_two_label_smoothings_acting_together_are_refused_and_apart_allowed():
     assert model.criterion.label_smoothing == 0.0  # left as it was
     apart = [LabelSmoothing(0.1, end=0.5), LabelSmoothing(0.05, start=0.5)]
     trainer(callbacks=apart, max_epochs=2).fit(RecordingModule(), loaders("list")[0])
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["first-window-first", "second-window-first"])
+def test_two_loss_mode_label_smoothings_in_separate_windows_each_smooth_their_own(reverse):
+    # The inactive one saved the loss's value and wrote 0 over the active one's: a window trained unsmoothed,
+    # validation ran smoothed, and the smoothing outlived the fit.
+    callbacks = [LabelSmoothing(0.1, method="loss", end=0.5), LabelSmoothing(0.2, method="loss", start=0.5)]
+    model = CriterionProbe()
+    t = trainer(callbacks=callbacks[::-1] if reverse else callbacks, max_epochs=2, val_check_interval=2)
+    t.fit(model, *loaders("list"))
+    assert model.train_eps == [0.1] * 4 + [0.2] * 4
+    assert model.val_eps and set(model.val_eps) == {0.0}
+    assert model.criterion.label_smoothing == 0.0
+
+
+def test_a_batch_the_users_hook_drops_passes_the_seam_untouched():
+    # Lightning skips a training batch that `on_after_batch_transfer` turns into None; our callbacks crashed on it
+    class DropsTheSecond(RecordingModule):
+        def on_after_batch_transfer(self, batch, dataloader_idx):
+            if self.trainer.training and self.trainer.fit_loop.epoch_loop.batch_progress.current.ready == 2:
+                return None
+            return batch
+
+    for callbacks in ([MixUp()], [LabelSmoothing()], [CutMix(), LabelSmoothing(method="loss")]):
+        model = DropsTheSecond(use_criterion=True)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "train_dataloader yielded None")
+            trainer(callbacks=callbacks, max_epochs=1).fit(model, loaders("list")[0])
+        assert len(model.train_batches) == 3  # 4 batches, the second skipped
+
+
+def test_loss_mode_label_smoothing_needs_no_class_count():
+    # it keeps the integer labels: class-count sources that disagree (a stale hparams default) must not stop it
+    class Data(pl.LightningDataModule):
+        num_classes = C
+
+        def train_dataloader(self):
+            return loaders("list")[0]
+
+    model = CriterionProbe(num_classes=1000)
+    model.save_hyperparameters({"num_classes": 1000})
+    trainer(callbacks=[LabelSmoothing(0.1, method="loss")], max_steps=2).fit(model, datamodule=Data())
+    assert model.train_eps == [0.1, 0.1]
+    with pytest.raises(ValueError, match="number of classes differs between its sources"):
+        trainer(callbacks=[LabelSmoothing(0.1)], max_steps=2).fit(CriterionProbe(num_classes=1000), datamodule=Data())
 
 
 def test_a_label_out_of_range_in_a_later_batch_gets_the_clear_message():

@@ -145,6 +145,9 @@ class LabelSmoothing(TargetTransformCallback):
             # computed with F.cross_entropy instead would leave the run unsmoothed without a word).
             self._loss_seen = False
             self._loss_calls = [loss.register_forward_pre_hook(self._loss_called) for loss in self._losses]
+        if not self._applied:
+            # leave the losses as they are: a second LabelSmoothing, active in another window, may have set them
+            return
         for loss in self._losses:
             if isinstance(loss, nn.CrossEntropyLoss):
                 self._saved.append((loss, {"label_smoothing": loss.label_smoothing}))
