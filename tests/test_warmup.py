@@ -513,6 +513,46 @@ def test_initial_reference_is_the_batch_asked_for_before_the_tuners_search(tmp_p
     assert cb.scale == 1.0
 
 
+def test_initial_reference_with_a_dataset_of_whole_batches_leaves_the_learning_rate_alone():
+    # DataLoader(batch_size=None): the sampler's length counts batches, which capped the reference at 10 (x 3.2)
+    class WholeBatches(torch.utils.data.Dataset):
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            return image_tensors(32, seed=i)
+
+    class PreBatched(WarmupModule):
+        def train_dataloader(self):
+            return DataLoader(WholeBatches(), batch_size=None)
+
+    module = PreBatched("none")
+    del module.batch_size
+    cb = LinearScalingWarmup("initial", warmup=0, warmup_unit="steps", batch_size=32)
+    fit(module, [cb], max_steps=3)
+    assert cb.scale == 1.0 and module.used == pytest.approx([LR] * 3)
+
+
+def test_a_second_fit_on_the_same_trainer_continues_an_epoch_warmup():
+    # The second fit recounted the first fit's 4 updates at the new 2 updates per epoch: the warmup jumped to done.
+    def run(epochs_per_fit):
+        module = WarmupModule("none")
+        cb = LinearScalingWarmup(8, warmup=2, warmup_unit="epochs")
+        t = trainer(callbacks=[GradientAccumulationScheduler({0: 1, 1: 2}), cb], max_epochs=epochs_per_fit[0])
+        t.fit(module)
+        used = list(module.used)
+        for epochs in epochs_per_fit[1:]:
+            t.fit_loop.max_epochs = epochs
+            t.fit(module)
+            used += module.used
+        return used, cb
+
+    in_one, _ = run([3])
+    in_two, cb = run([1, 3])
+    assert in_two == pytest.approx(in_one) and cb.updates == [8]
+    assert [lr / LR for lr in in_two][4:6] == pytest.approx([1 + 3 * 4 / 8, 1 + 3 * 6 / 8])  # still ramping
+
+
 def test_initial_reference_on_one_device_leaves_the_learning_rate_alone():
     module = WarmupModule("cosine", batch_size=16)
     cb = LinearScalingWarmup("initial", warmup=2, warmup_unit="steps")
@@ -875,10 +915,11 @@ def test_a_skipped_training_step_is_no_warmup_update_in_32_bit():
 class CaughtFailure(RecordingModule):
     """Manual optimization whose second update raises inside `step`, caught by the user (an OOM skipped)."""
 
-    def __init__(self, step_scheduler: bool) -> None:
+    def __init__(self, step_scheduler: bool, tensor_lr: bool = False) -> None:
         super().__init__(record=False)
         self.automatic_optimization = False
         self.step_scheduler = step_scheduler
+        self.tensor_lr = tensor_lr
         self.after_batch: list[float] = []
 
     def training_step(self, batch, batch_idx):
@@ -893,7 +934,7 @@ class CaughtFailure(RecordingModule):
             self.lr_schedulers().step()
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        self.after_batch.append(self.opt.param_groups[0]["lr"])
+        self.after_batch.append(float(self.opt.param_groups[0]["lr"]))  # a tensor lr is filled in place later
 
     def configure_optimizers(self):
         class Flaky(torch.optim.SGD):
@@ -902,7 +943,7 @@ class CaughtFailure(RecordingModule):
                     raise RuntimeError("out of memory (simulated)")
                 return super().step(closure)
 
-        self.opt = Flaky(self.parameters(), lr=LR)
+        self.opt = Flaky(self.parameters(), lr=torch.tensor(LR) if self.tensor_lr else LR)
         return [self.opt], [torch.optim.lr_scheduler.ExponentialLR(self.opt, 0.9)]
 
     def train_dataloader(self):
@@ -916,9 +957,16 @@ def test_a_step_that_raised_and_was_caught_leaves_no_factor_behind():
 
 
 def test_a_scheduler_stepped_after_a_caught_failure_is_warned_about():
-    module = CaughtFailure(step_scheduler=True)
-    with pytest.warns(SpeedupWarning, match="optimizer 0's step raised and the error was caught"):
-        fit(module, [LinearScalingWarmup(8, warmup=2, warmup_unit="steps")], max_epochs=1)
+    # a tensor lr the scheduler fills in place is the same object: it was taken for unchanged, and the pre-step
+    # value was put back over the scheduler's step without a word
+    after = {}
+    for tensor_lr in (False, True):
+        module = CaughtFailure(step_scheduler=True, tensor_lr=tensor_lr)
+        with pytest.warns(SpeedupWarning, match="optimizer 0's step raised and the error was caught"):
+            fit(module, [LinearScalingWarmup(8, warmup=2, warmup_unit="steps")], max_epochs=1)
+        after[tensor_lr] = module.after_batch
+    assert after[True] == pytest.approx(after[False])  # the scheduler's step is kept alike (not put back)
+    assert after[True][1] != pytest.approx(after[True][0])
 
 
 def test_a_run_resumed_with_another_global_batch_is_warned_about(tmp_path):

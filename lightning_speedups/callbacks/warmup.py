@@ -189,8 +189,13 @@ class LinearScalingWarmup(SpeedupCallback):
         searching = stage == "fit" and _searches_batch_size(trainer)
         self._resume_guard = (trainer.strategy, trainer.strategy.optimizers) if searching else None
         if stage == "fit":
-            self._updates = None  # a checkpoint's count, if any, is loaded after this
-            self._done = None
+            # A second fit on the same Trainer continues the warmup where the first left it (its updates and the
+            # share of the warmup they did: recounting them at the current updates per epoch could jump ahead);
+            # any other fit starts afresh. A checkpoint's count, if any, is loaded after this.
+            if self.__dict__.get("_ended_fit") != (id(trainer), trainer.global_step) or not trainer.global_step:
+                self._updates = None
+                self._done = None
+            self._ended_fit = None
             self._plan = None
             self._last_factor, self._last_lrs = None, {}  # an earlier fit's read-outs are not this one's
             self._last_factors = {}
@@ -267,6 +272,8 @@ class LinearScalingWarmup(SpeedupCallback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._unregister()
         self._trainer = self._resume_guard = None
+        if stage == "fit":
+            self._ended_fit = (id(trainer), trainer.global_step)  # where a second fit on this trainer continues
         if stage == "fit" and _only_searched_batch_size(trainer):
             # `Tuner.scale_batch_size` ran a fit that stops after the search; the next fit is the real one,
             # and the batch asked for is the one read before the search, not the one it found
@@ -450,7 +457,12 @@ class LinearScalingWarmup(SpeedupCallback):
             if saved is None or written is None:
                 self._restore(i)
                 continue
-            changed = any(g["lr"] is not w for g, w in zip(groups, written, strict=False))
+            # another object, or the same tensor filled in place since (torch's schedulers `fill_` a tensor lr)
+            values = self._last_lrs.get(i, [])
+            changed = any(
+                g["lr"] is not w or (isinstance(w, torch.Tensor) and j < len(values) and not torch.equal(w, values[j]))
+                for j, (g, w) in enumerate(zip(groups, written, strict=False))
+            )
             if changed:
                 self._pending.pop(i, None)
                 self._written.pop(i, None)
@@ -753,6 +765,8 @@ def _epoch_samples(loader: Any) -> int | None:
     its last short batch (then no batch is ever smaller than its batch size)."""
     if not isinstance(loader, DataLoader):
         return None
+    if loader.batch_size is None and loader.batch_sampler is None:
+        return None  # automatic batching off: the dataset yields whole batches, and its length counts them
     drop_last = loader.drop_last if loader.batch_size is not None else getattr(loader.batch_sampler, "drop_last", 0)
     if drop_last:
         return None
