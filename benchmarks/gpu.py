@@ -181,7 +181,8 @@ def flops(scale: float, batch_size: int) -> float:
     return float(counter.get_total_flops())
 
 
-def measure(quick: bool, batch_size: int = 128, steps: int | None = None) -> dict[str, Any]:
+def make_variants(batch_size: int) -> dict[str, Any]:
+    """Each timed variant: a function that makes its callbacks (fresh for every fit)."""
     from lightning_speedups import (
         CutMix,
         DropoutRemoval,
@@ -191,12 +192,6 @@ def measure(quick: bool, batch_size: int = 128, steps: int | None = None) -> dic
         ProgressiveResizing,
     )
 
-    info = common.machine()  # before the fits: its load average is the one at the start
-    warnings.filterwarnings("ignore")
-    torch.backends.cudnn.benchmark = True
-    steps = steps or (30 if quick else 80)
-    warmup, rounds = 10, (2 if quick else 5)
-    loader = fake_loader(batch_size, max(4, (steps + warmup) // 8))
     variants: dict[str, Any] = {
         f"scale {s}": (lambda s=s: [ProgressiveResizing(s, 1.0, 0.0)] if s < 1 else []) for s in SCALES
     }
@@ -206,9 +201,24 @@ def measure(quick: bool, batch_size: int = 128, steps: int | None = None) -> dic
             "CutMix": lambda: [CutMix(1.0, num_classes=1000)],
             "LabelSmoothing": lambda: [LabelSmoothing(0.1, num_classes=1000)],
             DROPOUT_ROW: lambda: [DropoutRemoval(1.0)],
-            "LinearScalingWarmup (warming up)": lambda: [LinearScalingWarmup(batch_size // 2, 1.0, "fraction")],
+            # the loader yields whole batches (`batch_size=None`): the warmup is told the batch size
+            "LinearScalingWarmup (warming up)": lambda: [
+                LinearScalingWarmup(batch_size // 2, 1.0, "fraction", batch_size=batch_size)
+            ],
         }
     )
+    return variants
+
+
+def measure(quick: bool, batch_size: int = 128, steps: int | None = None) -> dict[str, Any]:
+
+    info = common.machine()  # before the fits: its load average is the one at the start
+    warnings.filterwarnings("ignore")
+    torch.backends.cudnn.benchmark = True
+    steps = steps or (30 if quick else 80)
+    warmup, rounds = 10, (2 if quick else 5)
+    loader = fake_loader(batch_size, max(4, (steps + warmup) // 8))
+    variants = make_variants(batch_size)
     times: dict[str, list[float]] = {k: [] for k in variants}
     for order in common.shuffled_rounds(list(variants), rounds, seed=4):
         for name in order:

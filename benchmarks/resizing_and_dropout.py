@@ -4,7 +4,8 @@ Three measurements, each as the median of interleaved repeats (the variants take
 shared machine hits all of them alike):
 
 1. ``step``: one training step (forward, backward, SGD) of a small ResNet at scale 0.5, 0.75 and 1.0 of a
-   64 x 64 input, beside the FLOPs ratio counted by ``torch.utils.flop_counter.FlopCounterMode``;
+   64 x 64 input, the smaller ones resized from full size on the device first (bilinear, antialiased, as
+   ``ProgressiveResizing`` does), beside the FLOPs ratio counted by ``torch.utils.flop_counter.FlopCounterMode``;
 2. ``pipeline``: data loading of one batch through ``ProgressiveResizing(mode="pipeline")``'s wrappers, JPEG
    decoding plus ``ScheduledResize(224, factory=RandomResizedCrop)``, flip, to-tensor and normalise, at scale
    0.5 and 1.0 (decoding stays at full size; everything after the crop runs on fewer pixels);
@@ -38,7 +39,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lightning_speedups import ScheduledResize
 from lightning_speedups.demo import SmallResNet
-from lightning_speedups.functional import ResizePlan, disable_dropout, scaled_size
+from lightning_speedups.functional import ResizePlan, disable_dropout, resize_images, scaled_size
 from lightning_speedups.pipeline import PlannedIndex, ResolutionDataset
 
 
@@ -72,13 +73,22 @@ def measure_step(repeats: int, batch: int = 32, full: int = 64) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     y = torch.randint(0, 10, (batch,))
     scales = (0.5, 0.75, 1.0)
-    inputs = {s: torch.randn(batch, 3, *scaled_size((full, full), s, 4)) for s in scales}
+    x_full = torch.randn(batch, 3, full, full)
+    sizes = {s: scaled_size((full, full), s, 4) for s in scales}
+    inputs = {s: resize_images(x_full, sizes[s], "bilinear", True) if s < 1 else x_full for s in scales}
     flops = {}
     for s, x in inputs.items():
         with FlopCounterMode(display=False) as counter:
             train_step(model, opt, x, y)
         flops[s] = counter.get_total_flops()
-    medians = interleaved({f"{s}": (lambda x=x: train_step(model, opt, x, y)) for s, x in inputs.items()}, repeats)
+
+    def step_at(s: float) -> Callable[[], None]:
+        if s >= 1:
+            return lambda: train_step(model, opt, x_full, y)
+        # the resize is part of the step's cost, as in a run (the callback resizes each batch on the device)
+        return lambda: train_step(model, opt, resize_images(x_full, sizes[s], "bilinear", True), y)
+
+    medians = interleaved({f"{s}": step_at(s) for s in scales}, repeats)
     rows = [
         {"scale": s, "size": tuple(inputs[s].shape[-2:]), "time": medians[str(s)], "flops": flops[s]} for s in scales
     ]
@@ -272,8 +282,9 @@ def section(quick: bool, out_dir: Path) -> str:
             "",
             "**Step time against FLOPs.** One training step (forward, backward, SGD with momentum) of the demo "
             f"`SmallResNet(widths=(32, 64, 128))`, batch {step['batch']}, 3-channel input, at three scales of "
-            f"{step['full']} x {step['full']}. FLOPs counted by `torch.utils.flop_counter.FlopCounterMode` over "
-            "the same step.",
+            f"{step['full']} x {step['full']}; below full size the step includes resizing the full-size batch "
+            "first (bilinear, antialiased, as the callback does on the device). FLOPs counted by "
+            "`torch.utils.flop_counter.FlopCounterMode` over the model's step.",
             "",
             step_table(step),
             "",
