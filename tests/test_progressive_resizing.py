@@ -300,14 +300,18 @@ def test_a_validation_that_raises_leaves_the_training_statistics():
 
 
 def test_a_checkpoint_taken_during_validation_stores_the_training_statistics(tmp_path):
-    path = tmp_path / "during-validation.ckpt"
+    path, weights_only = tmp_path / "during-validation.ckpt", tmp_path / "weights-only.ckpt"
     seen: list[Tensor] = []
+    exported: list[dict] = []
 
     class SaveDuringValidation(Callback):  # after ProgressiveResizing: the model holds the recalibrated statistics
         def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
             if batch_idx == 0:
                 seen.append(pl_module.net.bn.running_mean.clone())
                 trainer.save_checkpoint(path)
+                # Lightning calls no callback for a weights-only checkpoint; an export reads the state dict alone
+                trainer.save_checkpoint(weights_only, weights_only=True)
+                exported.append({k: v.clone() for k, v in pl_module.state_dict().items()})  # as saved then
 
     before = BeforeValidation()
     cb = ProgressiveResizing(0.5, 1.0, 0.0, validation="recalibrate", calibration_batches=2)
@@ -318,6 +322,10 @@ def test_a_checkpoint_taken_during_validation_stores_the_training_statistics(tmp
     state = torch.load(path, weights_only=False)["state_dict"]
     assert torch.equal(state["net.bn.running_mean"], before.means[0])  # but the checkpoint keeps the model's own
     assert state["net.bn.running_mean"] is not seen[0]
+    assert torch.equal(
+        torch.load(weights_only, weights_only=False)["state_dict"]["net.bn.running_mean"], state["net.bn.running_mean"]
+    )
+    assert torch.equal(exported[0]["net.bn.running_mean"], before.means[0])
 
 
 def test_recalibration_errors_clearly_and_takes_a_custom_forward():

@@ -547,14 +547,21 @@ class ProgressiveResizing(SpeedupCallback):
                 self.warn("no training batch to recalibrate BatchNorm with yet; this validation is uncorrected.")
             return
         self._snapshot = snapshot_batchnorm(pl_module)
+        # While validation runs on the recalibrated statistics, the model's state dict (a checkpoint, weights-only
+        # ones included, or an export) still holds the training statistics: they are the model's own.
+        snapshot = self._snapshot
+        self._state_hook = pl_module.register_state_dict_post_hook(
+            lambda module, state, prefix, metadata: state.update(
+                (prefix + k, v) for k, v in snapshot.state_dict_entries(module).items() if prefix + k in state
+            )
+        )
         forward = self._forward
         unreached: list[nn.Module] = []
         try:
             with trainer.precision_plugin.forward_context():
                 recalibrate_batchnorm(pl_module, inputs, forward, layers=self._trained_bn, unreached=unreached)
         except Exception as err:
-            self._snapshot.restore()
-            self._snapshot = None
+            self._restore()
             raise RuntimeError(
                 f"ProgressiveResizing could not run the model on full-size images to recalibrate BatchNorm "
                 f"({type(err).__name__}: {err}). It calls `pl_module(images)`: pass "
@@ -666,15 +673,6 @@ class ProgressiveResizing(SpeedupCallback):
                 exception.add_note(note)
         super().on_exception(trainer, pl_module, exception)
 
-    def on_save_checkpoint(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        # A checkpoint taken while validation runs on recalibrated statistics stores the training statistics,
-        # which are the model's own: the recalibrated ones are a temporary view for this validation only.
-        state = checkpoint.get("state_dict")
-        if self._snapshot is not None and isinstance(state, dict):
-            state.update((k, v) for k, v in self._snapshot.state_dict_entries(pl_module).items() if k in state)
-
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._release()
         super().teardown(trainer, pl_module, stage)
@@ -685,6 +683,10 @@ class ProgressiveResizing(SpeedupCallback):
         self._cache.clear()
 
     def _restore(self) -> None:
+        hook = self.__dict__.get("_state_hook")
+        if hook is not None:
+            hook.remove()
+            self._state_hook = None
         if self._snapshot is not None:
             self._snapshot.restore()
             self._snapshot = None
