@@ -302,9 +302,10 @@ class SpeedupCallback(Callback):
 
     # ------------------------------------------------------------------ randomness
     def _batch_index(self, trainer: pl.Trainer) -> int:
-        # `started` counts batches whose training step began: inside batch_to_device and
-        # on_train_batch_start it is the 0-based index of the current batch; resume restores it.
-        return int(trainer.fit_loop.epoch_loop.batch_progress.total.started)
+        # `completed` counts the batches done: from the batch transform to `on_train_batch_end` it is the 0-based
+        # index of the current batch (`started` is too, until `on_train_batch_start`, then one ahead: a draw in
+        # a later hook would be the next batch's); resume restores it.
+        return int(trainer.fit_loop.epoch_loop.batch_progress.total.completed)
 
     def _stream(self, trainer: pl.Trainer) -> tuple[int, int]:
         """``(batch, salt)`` keying this batch's draws: the training batch's index and this callback's salt; in a
@@ -331,12 +332,15 @@ class SpeedupCallback(Callback):
         return salt
 
     def _class_id(self) -> str:
-        """The class's name in the salt: the shipped callbacks' bare names (their streams stay as they are), the
-        module too for any other class, so a user's ``MixUp`` or two packages' ``Noise`` draw independently."""
+        """The class's name in the salt and the state key: the shipped callbacks' bare names (their streams and
+        checkpoint keys stay as they are), the module too for any other class, so a user's ``MixUp`` or two
+        packages' ``Noise`` draw independently and can share a Trainer. A class of the launching script is
+        ``__main__``'s, also in ``ddp_spawn``'s processes (where Python names that module ``__mp_main__``)."""
         cls = type(self)
         if cls.__module__.startswith("lightning_speedups."):
             return cls.__qualname__
-        return f"{cls.__module__}.{cls.__qualname__}"
+        module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__
+        return f"{module}.{cls.__qualname__}"
 
     def batch_random(self, trainer: pl.Trainer) -> BatchRandom:
         """This batch's draws, seeded by (seed, rank, batch index, callback class): what the built-in callbacks
@@ -421,7 +425,7 @@ class SpeedupCallback(Callback):
         """
         text = f"{type(self).__name__}: {message}"
         if not every_rank:
-            rank_zero_warn(text, category=SpeedupWarning)
+            rank_zero_warn(text, category=SpeedupWarning, stacklevel=5)  # the caller of `warn`, as below
             return
         several = torch.distributed.is_available() and torch.distributed.is_initialized()
         if several and torch.distributed.get_world_size() > 1:
@@ -441,7 +445,7 @@ class SpeedupCallback(Callback):
         if cached is not None:
             return cached
         fields = self.state_key_fields()
-        return self._generate_state_key(**fields) if fields else type(self).__qualname__
+        return f"{self._class_id()}{fields!r}" if fields else self._class_id()
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"seed": self.seed}
@@ -464,6 +468,9 @@ class SpeedupCallback(Callback):
         self._state_key_cache = self.state_key
         self._tell_siblings_apart(trainer)
         self._loaded_progress = None  # a checkpoint's, if any, is loaded after setup
+        # a new fit works its run length out again (an override of `on_train_start` without `super()` included):
+        # nothing is kept from an earlier fit of this instance
+        self._total_steps, self._epochs_bound, self._anchor = None, None, (0, 0.0)
         # each fit takes the process seed anew (unless one was given); a resume then restores the saved one
         if self._given_seed is not None:
             self.seed = self._given_seed
@@ -517,6 +524,19 @@ class SpeedupCallback(Callback):
                 "be transformed. Call `super().setup(...)` in the override."
             )
         self._refresh_total_steps(trainer)
+        epochs = training_epochs(trainer)
+        if (
+            not math.isfinite(trainer.num_training_batches)
+            and self._total_steps is not None
+            and math.isfinite(self._total_steps)
+            and epochs is not None
+            and epochs >= 0
+        ):
+            self.warn(
+                f"the training loader has no length, so progress counts against max_steps={trainer.max_steps}, but "
+                f"max_epochs={epochs} may end the run first: schedules and windows would then stop short of their "
+                "end. Set max_steps to the run's real length and leave max_epochs unset."
+            )
         if self._loaded_progress is not None and trainer.reload_dataloaders_every_n_epochs:
             # resumed after a reload: the earlier epochs' lengths are gone, the checkpoint kept where they led
             self._total_steps, self._anchor = self._loaded_progress

@@ -224,8 +224,9 @@ def test_warn_is_a_speedup_warning_from_rank_zero(monkeypatch):
     from lightning.pytorch.utilities import rank_zero
 
     probe = ProgressProbe()
-    with pytest.warns(SpeedupWarning, match="ProgressProbe: look"):
+    with pytest.warns(SpeedupWarning, match="ProgressProbe: look") as record:
         probe.warn("look")
+    assert record[0].filename == __file__  # where `warn` was called, not inside the base class
     monkeypatch.setattr(rank_zero.rank_zero_only, "rank", 1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -398,3 +399,60 @@ def test_manual_progress_reads_the_cached_run_length(monkeypatch):
     trainer(callbacks=[probe], max_epochs=4).fit(StepsEverySecondBatch(), loaders()[0])
     assert len(probe.seen) == 16 and probe.seen[-1][1] == pytest.approx(15 / 16)
     assert len(calls) <= 4  # not one per read (16 here)
+
+
+def test_draws_in_every_hook_of_a_batch_are_that_batchs():
+    # the stream was keyed on `started`, one ahead after `on_train_batch_start`: a draw in a later hook was the
+    # draw the next batch's transform would make
+    class Noise(SpeedupCallback):
+        def __init__(self):
+            super().__init__(seed=3)
+            self.draws: dict[str, list[float]] = {"transform": [], "optimizer": [], "end": []}
+
+        def transform_batch(self, trainer, pl_module, batch):
+            self.draws["transform"].append(self.batch_random(trainer).random())
+            return batch
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            self.draws["optimizer"].append(self.batch_random(trainer).random())
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.draws["end"].append(self.batch_random(trainer).random())
+
+    noise = Noise()
+    trainer(callbacks=[noise], max_epochs=2).fit(RecordingModule(record=False), loaders("list")[0])
+    assert len(noise.draws["transform"]) == 8 and len(set(noise.draws["transform"])) == 8
+    assert noise.draws["optimizer"] == noise.draws["end"] == noise.draws["transform"]
+
+
+def test_a_reused_callback_works_the_new_runs_length_out_even_without_super_in_on_train_start():
+    class NoSuper(ProgressProbe):
+        def on_train_start(self, trainer, pl_module):  # no super(): progress works the length out itself
+            pass
+
+    probe = NoSuper()
+    trainer(callbacks=[probe], max_epochs=1).fit(RecordingModule(record=False), loaders("list")[0])
+    probe.seen.clear()
+    trainer(callbacks=[probe], max_epochs=4).fit(RecordingModule(record=False), loaders("list")[0])
+    assert [p for _, p in probe.seen][4] == pytest.approx(4 / 16)  # not 4 / 4: the first fit's 4 steps
+
+
+def test_same_named_callbacks_of_two_packages_share_a_trainer_and_draw_apart():
+    def noise_of(module):
+        return type("Noise", (SpeedupCallback,), {"__module__": module, "__qualname__": "Noise"})(seed=1)
+
+    a, b = noise_of("package_a.noise"), noise_of("package_b.noise")
+    assert a.state_key == "package_a.noise.Noise" != b.state_key
+    t = trainer(callbacks=[a, b], max_steps=1)  # Lightning refused two stateful callbacks keyed "Noise"
+    t.fit(RecordingModule(record=False), loaders("list")[0])
+    # the launching script's class, in ddp_spawn's processes too (Python names that module `__mp_main__`)
+    script, spawned = noise_of("__main__"), noise_of("__mp_main__")
+    assert script._class_id() == spawned._class_id() == "__main__.Noise" and script.state_key == spawned.state_key
+    assert MixUp(p=0.5).state_key == "MixUp{'p': 0.5, 'start': 0.0, 'end': 1.0}"  # shipped keys as before
+
+
+def test_an_iterable_loader_with_max_epochs_and_max_steps_is_warned_about():
+    with pytest.warns(SpeedupWarning, match=r"no length, so progress counts against max_steps=100, but max_epochs=2"):
+        trainer(callbacks=[ProgressProbe()], max_epochs=2, max_steps=100).fit(
+            RecordingModule(record=False), torch.utils.data.DataLoader(Stream(), batch_size=8)
+        )

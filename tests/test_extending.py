@@ -83,7 +83,7 @@ def test_technique_random_is_not_the_coin_that_decided_p():
     cb = TargetTransformCallback(p=0.5, seed=1)
     draws = []
     for batch in range(400):
-        progress = SimpleNamespace(total=SimpleNamespace(started=batch))
+        progress = SimpleNamespace(total=SimpleNamespace(started=batch, completed=batch))
         fake = SimpleNamespace(
             global_rank=0,
             fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)),
@@ -100,7 +100,7 @@ def _fake_trainer(batch: int):
 
     from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
-    progress = SimpleNamespace(total=SimpleNamespace(started=batch))
+    progress = SimpleNamespace(total=SimpleNamespace(started=batch, completed=batch))
     return SimpleNamespace(
         global_rank=0,
         fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)),

@@ -79,7 +79,7 @@ def test_functional_ops_take_a_batch_random():
 
 def _trainer(rank: int, batch: int, val_batch: int | None = None) -> SimpleNamespace:
     """What the draws read of a trainer: in a training batch, or in validation batch ``val_batch`` of the fit."""
-    progress = SimpleNamespace(total=SimpleNamespace(started=batch))
+    progress = SimpleNamespace(total=SimpleNamespace(started=batch, completed=batch))
     val_loop = SimpleNamespace(batch_progress=SimpleNamespace(total=SimpleNamespace(started=val_batch)))
     loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress, val_loop=val_loop))
     stage = RunningStage.TRAINING if val_batch is None else RunningStage.VALIDATING
