@@ -126,7 +126,7 @@ def document(blocks: dict[str, str], quick: bool, only: list[str] | None) -> str
         "",
         f"Last run: `{' '.join(sys.argv[1:]) or '(no options)'}` ({ran}{', quick' if quick else ''}), "
         f"{common.machine()['date']}. The machine is small and shared: times are medians of repeats in which "
-        "the variants take turns (a shuffled order each round; time to accuracy rotates its arms over the seeds "
+        "the variants take turns (a shuffled order each round; time to accuracy shuffles its arms within each seed "
         "after an untimed warm-up run; each section says how it orders its runs), and ratios are steadier than "
         "absolute times.",
         "",
