@@ -240,6 +240,7 @@ class SpeedupCallback(Callback):
         # reloaded with another length, when the progress reached so far is kept (it never goes back)
         self._anchor: tuple[int, float] = (0, 0.0)
         self._loaded_progress: tuple[float, tuple[int, float]] | None = None
+        self._unsized_bound: int | None = None  # max_epochs of an unsized loader run bounded by max_steps too
 
     # ------------------------------------------------------------------ progress
     def progress(self, trainer: pl.Trainer) -> float:
@@ -257,6 +258,14 @@ class SpeedupCallback(Callback):
                 "or `max_epochs` on the Trainer (a run bounded by `max_time` alone, or an iterable dataset without "
                 "`max_steps`, has none)."
             )
+        if self.__dict__.get("_unsized_bound") is not None:
+            self.warn(
+                f"the training loader has no length, so progress counts against max_steps={trainer.max_steps}; if "
+                f"its stream runs out before that, max_epochs={self._unsized_bound} ends the run first and schedules "
+                "and windows stop short of their end. Set max_steps to the run's real length, or leave max_epochs "
+                "unset."
+            )
+            self._unsized_bound = None
         step0, p0 = self._anchor
         bound = self.__dict__.get("_epochs_bound")
         if step0 == 0 and p0 == 0.0:
@@ -332,10 +341,10 @@ class SpeedupCallback(Callback):
         return salt
 
     def _class_id(self) -> str:
-        """The class's name in the salt and the state key: the shipped callbacks' bare names (their streams and
-        checkpoint keys stay as they are), the module too for any other class, so a user's ``MixUp`` or two
-        packages' ``Noise`` draw independently and can share a Trainer. A class of the launching script is
-        ``__main__``'s, also in ``ddp_spawn``'s processes (where Python names that module ``__mp_main__``)."""
+        """The class's name in the salt: the shipped callbacks' bare names (their streams stay as they are), the
+        module too for any other class, so a user's ``MixUp`` or two packages' ``Noise`` draw independently. A
+        class of the launching script is ``__main__``'s, also in ``ddp_spawn``'s processes (where Python names
+        that module ``__mp_main__``)."""
         cls = type(self)
         if cls.__module__.startswith("lightning_speedups."):
             return cls.__qualname__
@@ -444,8 +453,10 @@ class SpeedupCallback(Callback):
         cached = self.__dict__.get("_state_key_cache")
         if cached is not None:
             return cached
+        # By the class's name, not its module (which only the random streams take): a checkpoint saved by a class
+        # of the training script (`__main__`) restores into the same class imported by another script.
         fields = self.state_key_fields()
-        return f"{self._class_id()}{fields!r}" if fields else self._class_id()
+        return self._generate_state_key(**fields) if fields else type(self).__qualname__
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"seed": self.seed}
@@ -525,18 +536,16 @@ class SpeedupCallback(Callback):
             )
         self._refresh_total_steps(trainer)
         epochs = training_epochs(trainer)
-        if (
-            not math.isfinite(trainer.num_training_batches)
+        # said at the first read of progress (a callback whose schedule never reads it has nothing to warn about)
+        self._unsized_bound = (
+            epochs
+            if not math.isfinite(trainer.num_training_batches)
             and self._total_steps is not None
             and math.isfinite(self._total_steps)
             and epochs is not None
             and epochs >= 0
-        ):
-            self.warn(
-                f"the training loader has no length, so progress counts against max_steps={trainer.max_steps}, but "
-                f"max_epochs={epochs} may end the run first: schedules and windows would then stop short of their "
-                "end. Set max_steps to the run's real length and leave max_epochs unset."
-            )
+            else None
+        )
         if self._loaded_progress is not None and trainer.reload_dataloaders_every_n_epochs:
             # resumed after a reload: the earlier epochs' lengths are gone, the checkpoint kept where they led
             self._total_steps, self._anchor = self._loaded_progress

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from lightning_speedups import presets
-from lightning_speedups.compare import DEFAULT_PRESET
+from lightning_speedups.compare import DEFAULT_PRESET, print_report
 
 
 def _json_dict(text: str) -> dict:
@@ -87,15 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        if args.command == "presets":
-            return _presets(args)
-        return _compare(args)
-    except BrokenPipeError:
-        # the reader stopped early (`| head`): what it read was printed, and compare saved its report first;
-        # what is left in the buffer goes nowhere, not into a second error at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    if args.command == "presets":
+        return _presets(args)
+    return _compare(args)
 
 
 def _presets(args: argparse.Namespace) -> int:
@@ -107,12 +100,12 @@ def _presets(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.name is None:
-            for name in presets.names():
-                print(f"{name:20s} {presets.lookup(name).summary}")
+            text = "\n".join(f"{name:20s} {presets.lookup(name).summary}" for name in presets.names())
         elif args.config:
-            print(presets.to_yaml(args.name), end="")
+            text = presets.to_yaml(args.name).removesuffix("\n")
         else:
-            print(presets.describe(args.name))
+            text = presets.describe(args.name)
+        print_report(text, sys.stdout)  # a reader that stops early (`| head`) gets no traceback
     except (presets.UnknownPresetError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -618,17 +618,25 @@ def _finish(cfg: CompareConfig, runs: list[RunResult], label: str, out: TextIO) 
     if cfg.output is not None:  # saved before anything is printed: a reader that stops early (`| head`) loses nothing
         try:
             plotted = save_report(report, cfg.output, text)
-        except OSError as err:  # the folder changed under the runs (the up-front check passed)
+        except OSError as err:  # the folder changed under the runs (the up-front check passed): print, then say so
+            print_report(text, out)
             raise CompareError(f"--output {str(cfg.output)!r}: could not save the report ({err}).") from err
         saved = f"{cfg.output / 'report.md'}, {cfg.output / 'results.json'}"
         if plotted:
             saved_note = f"\nSaved {saved} and {cfg.output / 'accuracy.png'}."
         else:
             saved_note = f"\nSaved {saved} (no plot: matplotlib is not installed; `pip install matplotlib`)."
-    print(text, file=out)
-    if saved_note:
-        print(saved_note, file=out)
+    print_report(text + ("\n" + saved_note if saved_note else ""), out)
     return report
+
+
+def print_report(text: str, out: TextIO) -> None:
+    """Print ``text`` to ``out``; a reader that stopped early (``| head``) ends it quietly, with no traceback."""
+    try:
+        print(text, file=out, flush=True)
+    except BrokenPipeError:
+        if out is sys.stdout:  # what is left in its buffer goes nowhere, not into a second error at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 # ------------------------------------------------------------------------------------------ output

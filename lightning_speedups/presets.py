@@ -287,13 +287,15 @@ def _load_entry_points() -> None:
 
 def _load_each_entry_point() -> list[str]:
     problems: list[str] = []
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    found = list(entry_points(group=ENTRY_POINT_GROUP))
+    for ep in found:
         where = f"preset entry point {ep.name!r} ({ep.value})"
         before = dict(_REGISTRY)
         try:
             obj = ep.load()
         except Exception as err:
-            _roll_back(before, ep.module)  # a plug-in that failed half-way registers nothing
+            # a plug-in that failed half-way registers nothing (another plug-in it imported keeps its own)
+            _roll_back(before, {e.module for e in found if e.module != ep.module})
             problems.append(f"Could not load {where}: {err}")
             continue
         for name, preset in before.items():  # a plug-in's import may add presets, never replace one
@@ -321,13 +323,15 @@ def _load_each_entry_point() -> list[str]:
     return problems
 
 
-def _roll_back(before: Mapping[str, Preset], failed: str) -> None:
-    """Undo what the failed import of module ``failed`` registered: the presets it (or a submodule of it)
-    registered, and any it replaced. Those of another module it imported first, still imported, are kept: that
-    module's own entry point finds it imported and would not register them again."""
+def _roll_back(before: Mapping[str, Preset], others: set[str]) -> None:
+    """Undo what a failed plug-in import registered (the presets added since ``before``, through any helper module
+    of its own, and any it replaced), except those that the module of another entry point (``others``, or a
+    submodule of one) registered as the failed one imported it: that entry point finds its module imported and
+    would not register them again."""
     for name in [n for n in _REGISTRY if n not in before]:
         origin = _ORIGIN.get(name, "")
-        if origin == failed or origin.startswith(failed + ".") or origin not in sys.modules:
+        owned = any(origin == m or origin.startswith(m + ".") for m in others)
+        if not (owned and origin in sys.modules):
             del _REGISTRY[name]
     _REGISTRY.update(before)
 
@@ -488,6 +492,8 @@ def _factory_callbacks(preset: Preset, overrides: Mapping[str, Any]) -> list[Cal
     callbacks; anything else is refused by the preset's name."""
     made = preset.factory(**overrides)
     try:
+        if made is None:  # a function that forgot its `return`: not an empty recipe
+            raise TypeError
         callbacks = _as_callback_list(made)
     except TypeError:
         raise TypeError(

@@ -297,8 +297,16 @@ def build_train_sampler(
     sampler = EpochListSampler(dataset, plan, epoch=epoch, num_replicas=num_replicas, rank=rank, drop_last=drop_last)
     batch_size = int(getattr(datamodule, "batch_size", 1) or 1)
     trainer = getattr(datamodule, "trainer", None)
+    # a resumed run's anchor, which a reload with another length had set in the checkpoint's run
+    restored = next((a for a in (getattr(p, "restored_clock_anchor", None) for p in providers) if a), None)
     plan.clock = step_clock(
-        trainer, sampler.num_samples, batch_size, num_replicas, drop_last=drop_last, epoch=int(epoch)
+        trainer,
+        sampler.num_samples,
+        batch_size,
+        num_replicas,
+        drop_last=drop_last,
+        epoch=int(epoch),
+        restored_anchor=restored,
     )
     return sampler
 
@@ -311,6 +319,7 @@ def step_clock(
     *,
     drop_last: bool = False,
     epoch: int = 0,
+    restored_anchor: tuple[int, int] | None = None,
 ) -> fs.StepClock:
     """The :class:`~lightning_speedups.functional.sampling.StepClock` of a loader in ``trainer``'s run.
 
@@ -318,7 +327,8 @@ def step_clock(
     not exist yet while the loader is being built: batches per epoch after ``limit_train_batches``,
     ``accumulate_grad_batches``, and the run's length from ``max_epochs`` and ``max_steps``. A loader rebuilt
     between epochs (``reload_dataloaders_every_n_epochs``) for ``epoch`` is anchored at the steps the run has
-    taken: its earlier epochs may have had another length (another batch size, a resized dataset).
+    taken: its earlier epochs may have had another length (another batch size, a resized dataset). A resumed
+    run's loader takes the anchor the checkpoint kept (``restored_anchor``).
     """
     batches = samples_per_rank // batch_size if drop_last else -(-samples_per_rank // batch_size)
     if trainer is None:
@@ -334,6 +344,8 @@ def step_clock(
     anchor = (0, 0)
     if epoch > 0 and progress.ready == progress.completed == epoch:  # between epochs of a running fit: a reload
         anchor = (epoch, _clock(trainer))
+    elif restored_anchor is not None:  # (a loader built before the restore is put on its epoch later)
+        anchor = (int(restored_anchor[0]), int(restored_anchor[1]))
     clock = fs.StepClock(batch_size * num_replicas, batches, accumulate, accumulate_from=schedule, anchor=anchor)
     # max_steps in this clock's unit (batches under manual optimization, see `cap_by_max_steps`): the total the
     # callbacks' own progress uses

@@ -437,22 +437,26 @@ def test_a_reused_callback_works_the_new_runs_length_out_even_without_super_in_o
     assert [p for _, p in probe.seen][4] == pytest.approx(4 / 16)  # not 4 / 4: the first fit's 4 steps
 
 
-def test_same_named_callbacks_of_two_packages_share_a_trainer_and_draw_apart():
+def test_a_script_class_draws_alike_under_ddp_spawn_and_restores_from_another_module():
     def noise_of(module):
         return type("Noise", (SpeedupCallback,), {"__module__": module, "__qualname__": "Noise"})(seed=1)
 
-    a, b = noise_of("package_a.noise"), noise_of("package_b.noise")
-    assert a.state_key == "package_a.noise.Noise" != b.state_key
-    t = trainer(callbacks=[a, b], max_steps=1)  # Lightning refused two stateful callbacks keyed "Noise"
-    t.fit(RecordingModule(record=False), loaders("list")[0])
     # the launching script's class, in ddp_spawn's processes too (Python names that module `__mp_main__`)
-    script, spawned = noise_of("__main__"), noise_of("__mp_main__")
-    assert script._class_id() == spawned._class_id() == "__main__.Noise" and script.state_key == spawned.state_key
-    assert MixUp(p=0.5).state_key == "MixUp{'p': 0.5, 'start': 0.0, 'end': 1.0}"  # shipped keys as before
+    script, spawned, imported = noise_of("__main__"), noise_of("__mp_main__"), noise_of("train_module")
+    assert script._class_id() == spawned._class_id() == "__main__.Noise"
+    assert script._salt() == spawned._salt() != imported._salt()  # another package's Noise draws its own stream
+    # the checkpoint key has no module: a script's callback restores into the class imported by another script
+    assert script.state_key == imported.state_key == "Noise"
+    assert MixUp(p=0.5).state_key == "MixUp{'p': 0.5, 'start': 0.0, 'end': 1.0}"
 
 
-def test_an_iterable_loader_with_max_epochs_and_max_steps_is_warned_about():
-    with pytest.warns(SpeedupWarning, match=r"no length, so progress counts against max_steps=100, but max_epochs=2"):
+def test_an_iterable_loader_with_max_epochs_and_max_steps_is_warned_about_where_progress_is_read():
+    with pytest.warns(SpeedupWarning, match=r"no length, so progress counts against max_steps=100; if .*max_epochs=2"):
         trainer(callbacks=[ProgressProbe()], max_epochs=2, max_steps=100).fit(
+            RecordingModule(record=False), torch.utils.data.DataLoader(Stream(), batch_size=8)
+        )
+    with warnings.catch_warnings():  # a MixUp over the whole run never reads progress: nothing to say
+        warnings.filterwarnings("error", ".*no length, so progress", SpeedupWarning)
+        trainer(callbacks=[MixUp()], max_epochs=2, max_steps=100).fit(
             RecordingModule(record=False), torch.utils.data.DataLoader(Stream(), batch_size=8)
         )

@@ -528,6 +528,34 @@ def test_a_failing_default_preset_is_told_how_to_choose_its_callbacks(tmp_path, 
     assert "`lightning-speedups presets vision-mild` shows them" in err
 
 
+def test_a_report_that_cannot_be_saved_is_still_printed(tmp_path, monkeypatch):
+    from lightning_speedups import compare
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(compare, "save_report", full_disk)
+    out = io.StringIO()
+    with pytest.raises(CompareError, match="could not save the report"):
+        run_comparison(_labelsmoothing_config(repeats=1, output=tmp_path / "o"), out=out)
+    assert "| baseline |" in out.getvalue()  # the comparison's results are not lost with the file
+
+
+def test_a_broken_pipe_inside_training_is_not_taken_for_a_reader_that_stopped(tmp_path, monkeypatch):
+    _write_module(
+        tmp_path,
+        monkeypatch,
+        "pipe_models",
+        "from lightning_speedups.demo import ImageClassifier\n"
+        "class PipeNet(ImageClassifier):\n"
+        "    def training_step(self, batch, batch_idx):\n"
+        "        raise BrokenPipeError('a pipe of the model')\n",
+    )
+    args = ["--model", "pipe_models:PipeNet", *TINY[2:], "--callback", "MixUp", "--repeats", "1"]
+    with pytest.raises(BrokenPipeError, match="a pipe of the model"):  # was: a silent exit 0
+        main(["compare", *args, "--output", str(tmp_path / "o")])
+
+
 def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
     import subprocess
 

@@ -477,6 +477,20 @@ def test_a_failed_plugin_keeps_the_presets_of_another_plugin_it_imported(registr
     sys.modules.pop("plug_b", None)
 
 
+def test_a_failed_plugin_registering_through_a_helper_module_keeps_nothing(registry, tmp_path, monkeypatch):
+    (tmp_path / "helper_reg.py").write_text(
+        "from lightning_speedups.presets import declarative, register\n"
+        "def add(name):\n    register(declarative(name, 's', 'd', [('MixUp', {})]))\n"
+    )
+    (tmp_path / "bad_plugin.py").write_text(
+        "import helper_reg\nhelper_reg.add('half-registered')\nraise ImportError('x')\n"
+    )
+    _install_plugin(tmp_path, monkeypatch, "helper_plugin", "bad = bad_plugin\n")
+    with pytest.warns(UserWarning, match="Could not load preset entry point 'bad'"):
+        assert "half-registered" not in presets.names()
+    sys.modules.pop("helper_reg", None)
+
+
 def test_a_plugin_that_looks_presets_up_as_it_is_imported_loads_once_without_a_false_warning(
     registry, tmp_path, monkeypatch
 ):
@@ -521,12 +535,19 @@ def test_a_function_preset_may_yield_its_callbacks_or_return_one_and_nothing_els
     with pytest.raises(TypeError, match=r"Preset 'bad-recipe' gave 'LabelSmoothing' among its callbacks"):
         presets.get("bad-recipe")
 
-    @register_preset("none-recipe")
-    def none_recipe():
+    @register_preset("int-recipe")
+    def int_recipe():
         return 3
 
-    with pytest.raises(TypeError, match="Preset 'none-recipe' gave a int; its function must return a list"):
-        presets.get("none-recipe")
+    with pytest.raises(TypeError, match="Preset 'int-recipe' gave a int; its function must return a list"):
+        presets.get("int-recipe")
+
+    @register_preset("forgot-return")
+    def forgot_return():
+        MixUp()  # built, not returned: an empty recipe would train without a word
+
+    with pytest.raises(TypeError, match="Preset 'forgot-return' gave a NoneType; its function must return a list"):
+        presets.get("forgot-return")
 
 
 def test_several_devices_in_an_interactive_session_get_ddp_fork_as_lightning_chooses(monkeypatch):

@@ -1,6 +1,7 @@
 """ProgressiveResizing in real `Trainer.fit` runs on CPU: sizes per step, modes, validation, resume, logs, errors."""
 
 import copy
+import pickle
 import sys
 from typing import Any
 
@@ -312,6 +313,7 @@ def test_a_checkpoint_taken_during_validation_stores_the_training_statistics(tmp
                 # Lightning calls no callback for a weights-only checkpoint; an export reads the state dict alone
                 trainer.save_checkpoint(weights_only, weights_only=True)
                 exported.append({k: v.clone() for k, v in pl_module.state_dict().items()})  # as saved then
+                pickle.dumps(pl_module)  # `torch.save(model)` meanwhile: the hook behind this must pickle too
 
     before = BeforeValidation()
     cb = ProgressiveResizing(0.5, 1.0, 0.0, validation="recalibrate", calibration_batches=2)

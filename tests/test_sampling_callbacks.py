@@ -155,6 +155,32 @@ def test_pacing_follows_the_real_steps_after_a_reload_with_another_batch_size():
         assert rank[indices].max() < fs.pool_sizes(cur.pacing.fraction([step], 50), 80)[0], step
 
 
+class BatchOfEightThenFour(IndexDM):
+    """Batch size 8 in epoch 0, 4 after it: a loader reloaded with another length."""
+
+    def train_dataloader(self):
+        self.batch_size = 8 if self.trainer.fit_loop.epoch_progress.current.processed == 0 else 4
+        return super().train_dataloader()
+
+
+def test_a_resume_after_a_reload_with_another_length_paces_as_the_uninterrupted_run(tmp_path):
+    # the reload's anchor was not in the checkpoint: the resumed run paced epoch 2 from 40 steps, not 20
+    step = 35  # mid-epoch 2 (a checkpoint before the reload is a documented limit: see the curriculum card)
+
+    def run(ckpt_path=None, save=False):
+        seed_everything(0)
+        model = IndexModel()
+        extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=step, save_top_k=-1)] if save else []
+        callbacks = [CurriculumOrdering("linear", start_fraction=0.1, full_at=1.0), *extra]
+        t = trainer(max_epochs=3, callbacks=callbacks, reload_dataloaders_every_n_epochs=2, enable_checkpointing=save)
+        t.fit(model, datamodule=BatchOfEightThenFour(), ckpt_path=ckpt_path)
+        return model
+
+    full = run(save=True)  # reloads at epoch 2 only: epoch 1 keeps epoch 0's loader (batch 8), epoch 2 has 4
+    (ckpt,) = tmp_path.glob(f"*step={step}.ckpt")
+    assert run(ckpt_path=str(ckpt)).seen == full.seen[step:]
+
+
 class TwoOptimizerIndexModel(IndexModel):
     """Manual optimization with two optimizers: Lightning counts two global steps per batch."""
 

@@ -197,6 +197,8 @@ class CurriculumOrdering(SpeedupCallback):
         self.order: np.ndarray | None = None
         self._order_seed: int | None = None
         self._plan: SamplingPlan | None = None
+        #: the pacing clock's anchor a resumed run takes from its checkpoint (see ``samplers.step_clock``)
+        self.restored_clock_anchor: tuple[int, int] | None = None
         self._fraction = start
         # (plan, batch index, epoch) of the last batch: its step and fraction are worked out only when the knobs
         # are read (logging), as computing them every step cost more than the rest of the per-step work.
@@ -382,6 +384,7 @@ class CurriculumOrdering(SpeedupCallback):
         datamodule = require_speedup_datamodule(trainer, self._who)
         # A new fit scores the model it starts from; a resumed one gets its saved scores back after setup.
         self.order, self.scores = None, None
+        self.restored_clock_anchor = None  # likewise a resumed run's pacing anchor
         dataset = datamodule.indexed_train_dataset(self._who)
         if not self.uses_scorer:  # bad scores fail here, before training; a scorer runs at fit start
             self.compute_order(datamodule, dataset, datamodule_seed(datamodule))
@@ -444,10 +447,15 @@ class CurriculumOrdering(SpeedupCallback):
         state = {**super().state_dict(), "pacing": self.pacing.kind}
         if self.scores is not None:
             state["scores"] = torch.from_numpy(np.asarray(self.scores, dtype=np.float32))
+        clock = self._plan.clock if self._plan is not None else None
+        if clock is not None and clock.anchor != (0, 0):  # set by a reload with another length: a resume needs it
+            state["clock_anchor"] = list(clock.anchor)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
+        anchor = state_dict.get("clock_anchor")
+        self.restored_clock_anchor = (int(anchor[0]), int(anchor[1])) if anchor is not None else None
         scores = state_dict.get("scores")
         if scores is not None and self.uses_scorer:
             self.scores = np.asarray(scores.numpy() if hasattr(scores, "numpy") else scores, dtype=np.float32)

@@ -56,6 +56,11 @@ _VALIDATION = ("auto", "train_size", "recalibrate", "full")
 _DEFAULT_SCHEDULE = {"initial_scale": 0.5, "delay_fraction": 0.5, "finetune_fraction": 0.2}
 
 
+def _training_statistics(snapshot: Any, module: nn.Module, state: dict[str, Any], prefix: str, metadata: Any) -> None:
+    """State-dict hook: the BatchNorm statistics ``snapshot`` saved (the training ones) in place of the model's."""
+    state.update((prefix + k, v) for k, v in snapshot.state_dict_entries(module).items() if prefix + k in state)
+
+
 def _integer(name: str, value: Any, minimum: int) -> int:
     if value is None:
         raise TypeError(f"`{name}` must be an int >= {minimum}, got None.")
@@ -549,11 +554,9 @@ class ProgressiveResizing(SpeedupCallback):
         self._snapshot = snapshot_batchnorm(pl_module)
         # While validation runs on the recalibrated statistics, the model's state dict (a checkpoint, weights-only
         # ones included, or an export) still holds the training statistics: they are the model's own.
-        snapshot = self._snapshot
+        # (A module-level function: a model pickled meanwhile pickles its hooks too.)
         self._state_hook = pl_module.register_state_dict_post_hook(
-            lambda module, state, prefix, metadata: state.update(
-                (prefix + k, v) for k, v in snapshot.state_dict_entries(module).items() if prefix + k in state
-            )
+            functools.partial(_training_statistics, self._snapshot)
         )
         forward = self._forward
         unreached: list[nn.Module] = []
