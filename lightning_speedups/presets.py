@@ -179,9 +179,10 @@ def _as_callback_list(callbacks: Callback | Sequence[Callback] | None) -> list[C
 
 
 _REGISTRY: dict[str, Preset] = {}
-#: the module whose import registered each preset (the first caller outside this module): a plug-in whose import
-#: fails is rolled back by it, without taking the presets of another plug-in it imported first
-_ORIGIN: dict[str, str] = {}
+#: the modules on the call stack when each preset was registered (the module importing it, and those importing
+#: that one): a plug-in whose import fails is rolled back by them, without taking the presets of another plug-in
+#: it imported first (whether that one registers them itself or through a helper module)
+_ORIGIN: dict[str, frozenset[str]] = {}
 _entry_points_loaded = False
 _entry_points_loading = False
 
@@ -194,16 +195,18 @@ def register(preset: Preset, *, overwrite: bool = False) -> Preset:
         raise ValueError(f"A preset named {preset.name!r} exists already; pass overwrite=True to replace it.")
     _check_trainer_settings(preset.name, preset.trainer)
     _REGISTRY[preset.name] = preset
-    _ORIGIN[preset.name] = _calling_module()
+    _ORIGIN[preset.name] = _calling_modules()
     return preset
 
 
-def _calling_module() -> str:
-    """The name of the first module on the call stack other than this one."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__") == __name__:
+def _calling_modules() -> frozenset[str]:
+    """The names of the modules on the call stack, this one left out."""
+    names, frame = set(), sys._getframe(1)
+    while frame is not None:
+        names.add(str(frame.f_globals.get("__name__", "")))
         frame = frame.f_back  # type: ignore[assignment]
-    return "" if frame is None else str(frame.f_globals.get("__name__", ""))
+    names.discard(__name__)
+    return frozenset(names)
 
 
 def _check_trainer_settings(name: str, settings: Mapping[str, Any]) -> None:
@@ -329,9 +332,12 @@ def _roll_back(before: Mapping[str, Preset], others: set[str]) -> None:
     submodule of one) registered as the failed one imported it: that entry point finds its module imported and
     would not register them again."""
     for name in [n for n in _REGISTRY if n not in before]:
-        origin = _ORIGIN.get(name, "")
-        owned = any(origin == m or origin.startswith(m + ".") for m in others)
-        if not (owned and origin in sys.modules):
+        owners = [
+            module
+            for module in _ORIGIN.get(name, frozenset())
+            if module in sys.modules and any(module == m or module.startswith(m + ".") for m in others)
+        ]
+        if not owners:
             del _REGISTRY[name]
     _REGISTRY.update(before)
 

@@ -305,7 +305,6 @@ def build_train_sampler(
         batch_size,
         num_replicas,
         drop_last=drop_last,
-        epoch=int(epoch),
         restored_anchor=restored,
     )
     return sampler
@@ -318,17 +317,16 @@ def step_clock(
     num_replicas: int,
     *,
     drop_last: bool = False,
-    epoch: int = 0,
     restored_anchor: tuple[int, int] | None = None,
 ) -> fs.StepClock:
     """The :class:`~lightning_speedups.functional.sampling.StepClock` of a loader in ``trainer``'s run.
 
     Mirrors Lightning's own counts (``num_training_batches`` and ``estimated_stepping_batches``), which do
     not exist yet while the loader is being built: batches per epoch after ``limit_train_batches``,
-    ``accumulate_grad_batches``, and the run's length from ``max_epochs`` and ``max_steps``. A loader rebuilt
-    between epochs (``reload_dataloaders_every_n_epochs``) for ``epoch`` is anchored at the steps the run has
-    taken: its earlier epochs may have had another length (another batch size, a resized dataset). A resumed
-    run's loader takes the anchor the checkpoint kept (``restored_anchor``).
+    ``accumulate_grad_batches``, and the run's length from ``max_epochs`` and ``max_steps``. A loader built
+    between epochs (``reload_dataloaders_every_n_epochs``, or a run resumed at an epoch's end) is anchored at the
+    steps the run has taken: its earlier epochs may have had another length (another batch size, a resized
+    dataset). A run resumed mid-epoch takes the anchor its checkpoint kept (``restored_anchor``).
     """
     batches = samples_per_rank // batch_size if drop_last else -(-samples_per_rank // batch_size)
     if trainer is None:
@@ -340,11 +338,14 @@ def step_clock(
         batches = int(batches * limit)
     schedule = accumulation_schedule(trainer)
     accumulate = schedule[0][1] if schedule else max(1, int(trainer.accumulate_grad_batches))
-    progress = trainer.fit_loop.epoch_progress.current
+    # Between epochs (a reload, or a run resumed from an epoch's end), the next epoch starts at the steps taken so
+    # far, exactly; mid-epoch (a resumed run) at what the checkpoint kept. A loader built before anything trained
+    # (a fresh run, or one built before the checkpoint's loops are restored) takes the checkpoint's too, if any.
+    progress, clock = trainer.fit_loop.epoch_progress.current, _clock(trainer)
     anchor = (0, 0)
-    if epoch > 0 and progress.ready == progress.completed == epoch:  # between epochs of a running fit: a reload
-        anchor = (epoch, _clock(trainer))
-    elif restored_anchor is not None:  # (a loader built before the restore is put on its epoch later)
+    if clock > 0 and progress.started == progress.processed:
+        anchor = (int(progress.processed), clock)
+    elif restored_anchor is not None:
         anchor = (int(restored_anchor[0]), int(restored_anchor[1]))
     clock = fs.StepClock(batch_size * num_replicas, batches, accumulate, accumulate_from=schedule, anchor=anchor)
     # max_steps in this clock's unit (batches under manual optimization, see `cap_by_max_steps`): the total the

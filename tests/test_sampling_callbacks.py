@@ -163,20 +163,31 @@ class BatchOfEightThenFour(IndexDM):
         return super().train_dataloader()
 
 
-def test_a_resume_after_a_reload_with_another_length_paces_as_the_uninterrupted_run(tmp_path):
-    # the reload's anchor was not in the checkpoint: the resumed run paced epoch 2 from 40 steps, not 20
-    step = 35  # mid-epoch 2 (a checkpoint before the reload is a documented limit: see the curriculum card)
-
+@pytest.mark.parametrize(
+    ("step", "every"),
+    [(35, 2), (10, 1)],
+    ids=["mid-epoch", "epoch-end-before-the-reload"],
+)
+def test_a_resume_around_a_reload_with_another_length_paces_as_the_uninterrupted_run(tmp_path, step, every):
+    # Mid-epoch 2 (reloads every 2 epochs: 10 + 10 steps at batch 8, then 20 at 4): the reload's anchor was not in
+    # the checkpoint, so the resumed run paced epoch 2 from 40 steps, not 20. At epoch 0's end, just before the
+    # reload to batch 4: the resumed loader (already at batch 4) counted epoch 0 at its own length.
     def run(ckpt_path=None, save=False):
         seed_everything(0)
         model = IndexModel()
-        extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=step, save_top_k=-1)] if save else []
+        if step == 10:  # Lightning's end-of-epoch checkpoint, saved in `on_train_epoch_end`
+            every_step = {"every_n_epochs": 1, "save_on_train_epoch_end": True}
+        else:
+            every_step = {"every_n_train_steps": step}
+        extra = [ModelCheckpoint(dirpath=tmp_path, save_top_k=-1, **every_step)] if save else []
         callbacks = [CurriculumOrdering("linear", start_fraction=0.1, full_at=1.0), *extra]
-        t = trainer(max_epochs=3, callbacks=callbacks, reload_dataloaders_every_n_epochs=2, enable_checkpointing=save)
+        t = trainer(
+            max_epochs=3, callbacks=callbacks, reload_dataloaders_every_n_epochs=every, enable_checkpointing=save
+        )
         t.fit(model, datamodule=BatchOfEightThenFour(), ckpt_path=ckpt_path)
         return model
 
-    full = run(save=True)  # reloads at epoch 2 only: epoch 1 keeps epoch 0's loader (batch 8), epoch 2 has 4
+    full = run(save=True)
     (ckpt,) = tmp_path.glob(f"*step={step}.ckpt")
     assert run(ckpt_path=str(ckpt)).seen == full.seen[step:]
 
