@@ -468,22 +468,22 @@ class Interrupt(Callback):
 """
 
 
-def test_a_validation_that_does_not_log_the_metric_adds_no_point(tmp_path, monkeypatch):
-    """Lightning keeps the last logged value: read again, it would be a new point with a later time."""
+@pytest.mark.parametrize(
+    ("model", "epochs"),
+    [
+        # Lightning keeps the last logged value: read again, it would be a new point with a later time
+        ("EveryOther", [0, 2]),
+        # from its second validation on: the untimed warm-up's one validation (epoch 0) logged nothing, which
+        # stopped the comparison, blaming the baseline
+        ("OddEpochs", [1, 3]),
+    ],
+)
+def test_a_validation_that_does_not_log_the_metric_adds_no_point(tmp_path, monkeypatch, model, epochs):
     _write_module(tmp_path, monkeypatch, "unusual_models", UNUSUAL_MODELS)
-    cfg = _labelsmoothing_config(model="unusual_models:EveryOther", max_epochs=4, repeats=1, budget_baseline=False)
+    cfg = _labelsmoothing_config(model=f"unusual_models:{model}", max_epochs=4, repeats=1, budget_baseline=False)
     report = run_comparison(cfg, out=io.StringIO())
     for run in report.runs:
-        assert [c.epoch for c in run.history] == [0, 2]
-
-
-def test_a_model_that_logs_the_metric_from_its_second_validation_on_is_compared(tmp_path, monkeypatch):
-    # the untimed warm-up's one validation (epoch 0) logged nothing: it stopped the comparison, blaming the baseline
-    _write_module(tmp_path, monkeypatch, "unusual_models", UNUSUAL_MODELS)
-    cfg = _labelsmoothing_config(model="unusual_models:OddEpochs", max_epochs=4, repeats=1, budget_baseline=False)
-    report = run_comparison(cfg, out=io.StringIO())
-    for run in report.runs:
-        assert [c.epoch for c in run.history] == [1, 3]
+        assert [c.epoch for c in run.history] == epochs
 
 
 def test_ctrl_c_during_training_stops_with_status_130_and_says_so(tmp_path, monkeypatch, capsys):

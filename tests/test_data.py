@@ -362,21 +362,27 @@ def test_a_users_own_resumable_loader_resumes_where_the_run_stopped(tmp_path, st
     assert resumed.seen == full.seen[step:]
 
 
+def seeded_epoch(tmp_path, global_seed, callbacks, datamodule, ckpt_path=None):
+    """The indices each step of a one-epoch fit saw, under ``seed_everything(global_seed)``; a fit that does not
+    resume saves a checkpoint every 2 steps in ``tmp_path`` (``epoch=0-step=2.ckpt``: mid-epoch)."""
+    seed_everything(global_seed)
+    save = ckpt_path is None
+    extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)] if save else []
+    model = IndexModule()
+    trainer(max_epochs=1, callbacks=[*callbacks, *extra], enable_checkpointing=save).fit(
+        model, datamodule=datamodule, ckpt_path=ckpt_path
+    )
+    return model.seen
+
+
 def test_a_sampling_callbacks_own_seed_sets_the_order_and_the_resume_check(tmp_path):
     # The checkpoint recorded the datamodule's seed although RepeatFactorSampling(seed=5) set the order: a resume
     # under another global seed was warned about (and told to change it), though it trains the same batches.
     from lightning_speedups import RepeatFactorSampling
 
     def run(global_seed, sampler_seed=5, ckpt_path=None):
-        seed_everything(global_seed)
-        save = ckpt_path is None
-        extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)] if save else []
-        model = IndexModule()
-        callbacks = [RepeatFactorSampling(threshold=0.3, seed=sampler_seed), *extra]
-        trainer(max_epochs=1, callbacks=callbacks, enable_checkpointing=save).fit(
-            model, datamodule=IndexedDM(n=32, batch_size=8), ckpt_path=ckpt_path
-        )
-        return model.seen
+        callbacks = [RepeatFactorSampling(threshold=0.3, seed=sampler_seed)]
+        return seeded_epoch(tmp_path, global_seed, callbacks, IndexedDM(n=32, batch_size=8), ckpt_path)
 
     full = run(1)
     ckpt = str(tmp_path / "epoch=0-step=2.ckpt")
@@ -398,15 +404,8 @@ def test_composed_samplers_record_every_seed_their_order_follows(tmp_path):
             self.train_difficulty = np.arange(self.n, dtype=float)
 
     def run(global_seed, ckpt_path=None):
-        seed_everything(global_seed)
-        save = ckpt_path is None
-        extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)] if save else []
-        callbacks = [RepeatFactorSampling(threshold=0.3, seed=7), CurriculumOrdering("linear"), *extra]
-        model = IndexModule()
-        trainer(max_epochs=1, callbacks=callbacks, enable_checkpointing=save).fit(
-            model, datamodule=Difficulty(n=32, batch_size=8), ckpt_path=ckpt_path
-        )
-        return model.seen
+        callbacks = [RepeatFactorSampling(threshold=0.3, seed=7), CurriculumOrdering("linear")]
+        return seeded_epoch(tmp_path, global_seed, callbacks, Difficulty(n=32, batch_size=8), ckpt_path)
 
     full = run(1)
     ckpt = str(tmp_path / "epoch=0-step=2.ckpt")

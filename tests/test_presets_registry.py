@@ -477,11 +477,15 @@ def test_a_failed_plugin_keeps_the_presets_of_another_plugin_it_imported(registr
     sys.modules.pop("plug_b", None)
 
 
+#: a plug-in's helper module that registers presets for it (the caller on the stack is then not the plug-in)
+HELPER_MODULE = (
+    "from lightning_speedups.presets import declarative, register\n"
+    "def add(name):\n    register(declarative(name, 's', 'd', [('MixUp', {})]))\n"
+)
+
+
 def test_a_failed_plugin_keeps_another_plugins_presets_registered_through_its_helper(registry, tmp_path, monkeypatch):
-    (tmp_path / "b_helper.py").write_text(
-        "from lightning_speedups.presets import declarative, register\n"
-        "def add(name):\n    register(declarative(name, 's', 'd', [('MixUp', {})]))\n"
-    )
+    (tmp_path / "b_helper.py").write_text(HELPER_MODULE)
     (tmp_path / "plug_b2.py").write_text("import b_helper\nb_helper.add('b2-recipe')\n")
     (tmp_path / "plug_a2.py").write_text("import plug_b2\nimport no_such_dependency\n")
     _install_plugin(tmp_path, monkeypatch, "two_plugins2", "a = plug_a2\nb = plug_b2\n")
@@ -492,10 +496,7 @@ def test_a_failed_plugin_keeps_another_plugins_presets_registered_through_its_he
 
 
 def test_a_failed_plugin_registering_through_a_helper_module_keeps_nothing(registry, tmp_path, monkeypatch):
-    (tmp_path / "helper_reg.py").write_text(
-        "from lightning_speedups.presets import declarative, register\n"
-        "def add(name):\n    register(declarative(name, 's', 'd', [('MixUp', {})]))\n"
-    )
+    (tmp_path / "helper_reg.py").write_text(HELPER_MODULE)
     (tmp_path / "bad_plugin.py").write_text(
         "import helper_reg\nhelper_reg.add('half-registered')\nraise ImportError('x')\n"
     )
