@@ -4,6 +4,9 @@ A training batch reaches our callbacks as whatever the user's ``collate_fn`` and
 a list or tuple (``default_collate`` turns tuple samples into a list), a dict, a namedtuple, a dataclass, or
 any custom object. :class:`BatchFields` names where the input and the target live and builds a *new* batch
 with either replaced, so a transform never mutates the user's objects (which may alias a dataset's storage).
+A dataclass with ``__post_init__`` is built anew with ``dataclasses.replace``, so that its derived fields follow:
+its ``__post_init__`` runs again on every field, which a ``__post_init__`` that transforms them (normalises an
+image) would do twice; such a batch needs a getter and a setter.
 """
 
 from __future__ import annotations

@@ -10,6 +10,11 @@ the on-device batch to each registered callback in ``trainer.callbacks`` order. 
 also defines ``transform_validation_batch(trainer, pl_module, batch)`` is handed the validation batches of
 ``fit`` the same way (sanity-check batches excepted), e.g. ``ProgressiveResizing(validation="train_size")``.
 
+Training batches that must reach ``training_step`` as they come (StochasticWeightAveraging's BatchNorm epoch,
+the trial steps of Lightning's batch size and learning-rate finders) skip ``transform_batch``; a registered
+callback that defines ``passthrough_batch(trainer, pl_module, batch)`` is handed them instead, to add what
+``training_step`` reads beside the technique's output (the original labels under ``hard_target_key``).
+
 The wrapper is installed once per strategy however many callbacks use it, and removed when the last one
 tears down, leaving the strategy exactly as it was.
 """
@@ -45,6 +50,8 @@ class BatchTransformSeam:
         # whenever `trainer.callbacks` is another list object: one identity check per batch.
         self._active: list[Any] = []
         self._active_for: Any = None
+        # `passthrough_batch` of the callbacks left out of `trainer.callbacks` right now (a finder's trial)
+        self._idle: list[Callable[..., Any]] = []
         self._weight_averaging = False
 
     def __call__(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
@@ -60,11 +67,18 @@ class BatchTransformSeam:
         if trainer.callbacks is not self._active_for:
             self._refresh_active()
         if stage is RunningStage.TRAINING:
+            pl_module = trainer.lightning_module
+            if self._idle:  # before any transform: they keep what the batch holds as it came
+                for hook in self._idle:
+                    batch = hook(trainer, pl_module, batch)
             if self._weight_averaging and updating_batchnorm_only(trainer):
                 # StochasticWeightAveraging's last epoch: forward passes that re-estimate the BatchNorm statistics
                 # of the averaged weights, on the data as validation will see it (not mixed, not resized)
+                for callback in self._active:
+                    hook = getattr(callback, "passthrough_batch", None)
+                    if hook is not None:
+                        batch = hook(trainer, pl_module, batch)
                 return batch
-            pl_module = trainer.lightning_module
             for callback in self._active:
                 batch = callback.transform_batch(trainer, pl_module, batch)
         else:
@@ -85,6 +99,8 @@ class BatchTransformSeam:
         callbacks = self.trainer.callbacks
         present = {id(cb) for cb in callbacks}
         self._active = [cb for cb in self.transforms if id(cb) in present]
+        idle = (getattr(cb, "passthrough_batch", None) for cb in self.transforms if id(cb) not in present)
+        self._idle = [hook for hook in idle if hook is not None]
         self._active_for = callbacks
         self._weight_averaging = has_weight_averaging(self.trainer)
 

@@ -33,7 +33,7 @@ from lightning_speedups import _checks
 from lightning_speedups._rng import BatchRandom
 from lightning_speedups.base import SpeedupCallback
 from lightning_speedups.batch import BatchFields, BatchGetter, BatchSetter, Key, _write
-from lightning_speedups.functional.mixing import _INDEX_DTYPES  # the dtypes torch has min/max for, too
+from lightning_speedups.functional.mixing import index_range
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -162,7 +162,12 @@ def check_soft_target_losses(pl_module: nn.Module, who: str, *, smoothing_in_tar
 
 
 def _out_of_range(who: str, num_classes: int, low: int, high: int) -> ValueError:
-    hint = " (negative labels usually mean `ignore_index`, which soft targets cannot keep)" if low < 0 else ""
+    hint = ""
+    if low < 0:
+        hint = " (negative labels usually mean `ignore_index`, which soft targets cannot keep"
+        if who == "LabelSmoothing":
+            hint += ": LabelSmoothing(method='loss') smooths through your `nn.CrossEntropyLoss(ignore_index=...)`"
+        hint += ")"
     return ValueError(
         f"{who}: class indices must lie in [0, {num_classes}), found values in [{low}, {high}]{hint}. Fix "
         "`num_classes` or the labels."
@@ -293,6 +298,24 @@ class TargetTransformCallback(SpeedupCallback):
         if self.transforms_batches and self.fields.getter is None:
             self.check_single_loader(trainer, "training batches with one input and one target")
 
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        super().on_exception(trainer, pl_module, exception)
+        # The step that raised got our (N, C) probabilities: a loss whose logits have another width than C fails
+        # in torch with a message about the target's shape that does not say where C came from.
+        if (
+            self._applied
+            and self.transforms_batches  # not LabelSmoothing(method="loss"), which leaves the targets alone
+            and self._classes is not None
+            and isinstance(exception, (RuntimeError, ValueError))
+            and "target" in str(exception)
+            and hasattr(exception, "add_note")  # Python 3.11+
+        ):
+            exception.add_note(
+                f"{type(self).__name__} gave this training step class probabilities of shape (N, {self._classes}) "
+                f"as targets (num_classes={self._classes}); if the logits have another number of classes, set "
+                f"`num_classes` to theirs."
+            )
+
     def check_module(self, pl_module: pl.LightningModule) -> None:
         """Fit-start check of the module's losses; override to add technique-specific ones."""
         check_soft_target_losses(pl_module, type(self).__name__, smoothing_in_targets=False)
@@ -340,12 +363,19 @@ class TargetTransformCallback(SpeedupCallback):
         except (IndexError, RuntimeError) as err:  # a later batch with a label out of range (CPU; CUDA asserts)
             if target.is_floating_point() or not target.numel():
                 raise
-            low, high = int(target.min()), int(target.max())
+            low, high = index_range(target)
             if low >= 0 and high < num_classes:
                 raise
             raise _out_of_range(type(self).__name__, num_classes, low, high) from err
         self._applied = 1.0
         return self.fields.replace(batch, input=new_x if self.mixes_inputs else None, target=new_target)
+
+    def passthrough_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
+        """A training batch that reaches ``training_step`` as it came (StochasticWeightAveraging's BatchNorm epoch,
+        a batch size or learning-rate finder's trial): the labels are kept under ``hard_target_key`` all the same,
+        since ``training_step`` reads them there."""
+        self._applied = 0.0
+        return batch if self.hard_target_key is None else self._keep_hard_target(batch)
 
     def _read(self, batch: Any) -> tuple[Any, Any]:
         """``(input, target)``; a technique that leaves the input alone reads only the target, so a batch whose
@@ -437,17 +467,16 @@ class TargetTransformCallback(SpeedupCallback):
                 "the LightningModule (or its hparams) or the DataModule."
             )
         if target.numel():
-            # torch has no min/max for uint16/32/64: read those as int64 (labels are small)
-            values = target if target.dtype in _INDEX_DTYPES else target.long()
-            low, high = int(values.min()), int(values.max())
+            low, high = index_range(target)
             if low < 0 or high >= self._classes:
                 raise _out_of_range(who, self._classes, low, high)
 
     def _check_probabilities(self, target: Tensor, who: str) -> None:
         if target.ndim != 2:
+            hint = " Class indices stored as floats? Make them integers: `y.long()`." if target.ndim == 1 else ""
             raise ValueError(
                 f"{who}: floating-point targets must be class probabilities of shape (N, C), got shape "
-                f"{tuple(target.shape)}. Regression or dense targets cannot be mixed or smoothed."
+                f"{tuple(target.shape)}. Regression or dense targets cannot be mixed or smoothed.{hint}"
             )
         if target.shape[1] < 2:
             raise ValueError(

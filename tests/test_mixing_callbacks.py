@@ -202,6 +202,41 @@ def test_hard_target_key_keeps_the_original_labels():
     assert [s.tolist() for s in seen] == [b["label"].tolist() for b in train]
 
 
+@pytest.mark.parametrize("passes_through", ["weight_averaging", "lr_finder", "batch_size_finder"])
+def test_hard_target_key_is_filled_on_batches_the_seam_leaves_as_they_came(passes_through, tmp_path):
+    """StochasticWeightAveraging's BatchNorm epoch and a finder's trial steps skip the transforms: their batches
+    still carry the original labels under `hard_target_key`, which `training_step` reads (it raised KeyError)."""
+    from lightning.pytorch.callbacks import BatchSizeFinder, LearningRateFinder, StochasticWeightAveraging
+
+    seen = []
+
+    class KeepsHard(RecordingModule):
+        def __init__(self):
+            super().__init__(record=False)
+            self.norm = nn.BatchNorm2d(1)  # gives SWA its BatchNorm epoch
+
+        def forward(self, x):
+            return self.net(self.norm(x))
+
+        def training_step(self, batch, batch_idx):
+            seen.append((batch["label"].is_floating_point(), torch.equal(batch["label_hard"], batch["label"])))
+            return super().training_step(batch, batch_idx)
+
+    extra = {
+        "weight_averaging": StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=1),
+        "lr_finder": LearningRateFinder(num_training_steps=3),
+        "batch_size_finder": BatchSizeFinder(max_trials=1, steps_per_trial=1),
+    }[passes_through]
+    mixup = MixUp(alpha=1.0, hard_target_key="label_hard")
+    data = ImagesDataModule(kind="dict", num_workers=0)
+    trainer(callbacks=[mixup, extra], max_epochs=2, default_root_dir=tmp_path).fit(KeepsHard(), datamodule=data)
+    as_they_came = [same for mixed, same in seen if not mixed]  # labels as they came: the kept ones are them
+    assert as_they_came and all(as_they_came)
+    assert sum(mixed for mixed, _ in seen) == 2 * -(-64 // data.batch_size)  # every batch of the 2 epochs, mixed
+    if passes_through == "weight_averaging":
+        assert len(as_they_came) == 4 and mixup.knobs()["applied"] == 0.0  # the last batch was not mixed
+
+
 # ---------------------------------------------------------------------------------------------- errors
 @pytest.mark.parametrize(
     ("factory", "message"),
@@ -253,6 +288,20 @@ def test_targets_neither_indices_nor_probabilities():
     fit_expecting([LabelSmoothing()], r"must lie in \[0, 1\]", train=logits)
     ignored = DataLoader(TensorDataset(x, torch.full((32,), -100)), batch_size=16)
     fit_expecting([MixUp()], "ignore_index", train=ignored)
+    fit_expecting([LabelSmoothing()], r"ignore_index.*LabelSmoothing\(method='loss'\)", train=ignored)
+    as_floats = DataLoader(TensorDataset(x, torch.arange(32.0) % C), batch_size=16)
+    fit_expecting(
+        [LabelSmoothing()], r"Class indices stored as floats\? Make them integers: `y.long\(\)`", train=as_floats
+    )
+
+
+def test_a_loss_over_another_number_of_classes_is_told_where_the_targets_width_came_from():
+    # torch's own error speaks of the target's shape only; the note names the class count and the fix
+    with pytest.raises(RuntimeError) as caught:
+        trainer(callbacks=[MixUp(num_classes=C + 3)], max_steps=1).fit(RecordingModule(), loaders("list")[0])
+    assert f"MixUp gave this training step class probabilities of shape (N, {C + 3})" in "\n".join(
+        getattr(caught.value, "__notes__", [])
+    )
 
 
 class Batches(torch.utils.data.Dataset):
@@ -518,9 +567,11 @@ def test_loss_mode_label_smoothing_needs_no_class_count():
         trainer(callbacks=[LabelSmoothing(0.1)], max_steps=2).fit(CriterionProbe(num_classes=1000), datamodule=Data())
 
 
-def test_a_label_out_of_range_in_a_later_batch_gets_the_clear_message():
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint16])  # no torch min/max for uint16: they raised that
+def test_a_label_out_of_range_in_a_later_batch_gets_the_clear_message(dtype):
     x, y = image_tensors(32)
     y[20] = C  # second batch
+    y = y.to(dtype)
     for cb in (MixUp(), LabelSmoothing()):
         with pytest.raises(ValueError, match=rf"class indices must lie in \[0, {C}\), found values in \[0, {C}\]"):
             trainer(callbacks=[cb], max_epochs=1).fit(RecordingModule(), DataLoader(TensorDataset(x, y), batch_size=16))

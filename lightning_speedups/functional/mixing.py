@@ -62,13 +62,19 @@ def _class_rows(index: Tensor, num_classes: int, on: float, off: float, dtype: t
     except (IndexError, RuntimeError) as err:  # checked only on failure: a range check would sync a GPU each call
         if not index.numel():
             raise
-        low, high = int(index.min()), int(index.max())
+        low, high = index_range(index)
         if low >= 0 and high < num_classes:
             raise
         raise ClassIndexError(
             f"Class indices must lie in [0, {num_classes}), got {low}..{high}. An `ignore_index` (such as -100) "
             "has no class probabilities to mix or smooth; check `num_classes` otherwise."
         ) from err
+
+
+def index_range(index: Tensor) -> tuple[int, int]:
+    """The smallest and largest of non-empty integer labels (torch has no min/max for uint16/32/64: read as int64)."""
+    values = index if index.dtype in _INDEX_DTYPES else index.long()
+    return int(values.min()), int(values.max())
 
 
 class ClassIndexError(ValueError, IndexError):
