@@ -6,8 +6,8 @@
 
 The demo model's learning rate (0.05, SGD with Nesterov momentum and a per-step cosine schedule) was chosen
 for batch 64, so ``reference_batch_size=64``. ``--find-batch-size`` lets Lightning's ``BatchSizeFinder`` pick
-the batch: on a GPU the largest that fits in memory; on a CPU nothing runs out of memory, so it stops at
-``--max-trials`` doublings. Nothing is downloaded.
+the batch: on a GPU the largest that fits in memory; on a CPU nothing runs out of memory, so it stops after
+``--max-trials`` trials (Lightning's ``max_trials``: 2 trials double 64 once, to 128). Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--warmup-epochs", type=float, default=2.0)
     parser.add_argument("--no-scaling", action="store_true", help="train the large batch with the unscaled lr")
     parser.add_argument("--find-batch-size", action="store_true", help="let BatchSizeFinder choose the batch")
-    parser.add_argument("--max-trials", type=int, default=4, help="BatchSizeFinder doublings from 64")
+    parser.add_argument("--max-trials", type=int, default=4, help="BatchSizeFinder max_trials from 64 (2: 128)")
     parser.add_argument("--size", type=int, default=16, help="image side after upscaling the 8x8 digits")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

@@ -133,7 +133,7 @@ class SpeedupCLI(LightningCLI):
             # One that Lightning adds after (`later`) of a preset's class drops the preset's; then one of the command
             # line or a config takes the slot of the preset's callback of its class (batch transforms run in
             # callback order), and the others come after the preset's, as in `Recipe.trainer`. (A class given both
-            # ways is two callbacks, as without a preset: Lightning refuses them.)
+            # ways is two callbacks, as without a preset: Lightning refuses them when their state keys are equal.)
             kept = presets._replace_by_users(name, recipe.callbacks, [c for c in later if c is not None])
             merged, placed = presets._put_users_in_place(name, kept, existing)
             kwargs["callbacks"] = [*merged, *(c for c in existing if not any(c is p for p in placed))]

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from lightning_speedups import DropoutRemoval, SpeedupWarning
 from lightning_speedups.functional import find_dropout
 from tests.helpers import NUM_CLASSES, ImagesDataModule, MemoryLogger, RecordingModule, loaders, trainer, unpack
-from tests.test_functional_dropout_batchnorm import EveryDropout
+from tests.test_functional_dropout_batchnorm import BufferRateDropout, EveryDropout
 
 SITES = 23  # the non-zero dropouts of EveryDropout
 
@@ -53,7 +53,8 @@ def test_dropout_is_inert_from_start_and_outputs_become_deterministic():
     assert [inert for _, inert, _ in model.log_steps] == [False] * 8 + [True] * 8
     assert [det for _, _, det in model.log_steps] == [False] * 8 + [True] * 8  # in train mode
     # the model is handed back as it came: dropout on again after fit
-    assert sum(site.value > 0 for site in find_dropout(model)) == SITES and cb.removed == 0
+    assert sum(site.value > 0 for site in find_dropout(model)) == SITES
+    assert cb.removed == SITES  # what the fit switched off (it read 0 once they were back on)
 
 
 def test_dropout_added_to_the_model_after_start_is_switched_off_from_the_next_epoch():
@@ -66,7 +67,7 @@ def test_dropout_added_to_the_model_after_start_is_switched_off_from_the_next_ep
     cb = DropoutRemoval(start=0.0)
     trainer(callbacks=[cb], max_epochs=2).fit(model, loaders("list")[0])  # 4 steps per epoch
     assert [inert for _, inert, _ in model.log_steps] == [True] * 8  # the new dropout included, in epoch 1
-    assert cb.removed == 0 and model.extra.p == 0.3  # handed back, the new dropout too
+    assert cb.removed == SITES + 1 and model.extra.p == 0.3  # handed back, the new dropout too
 
 
 def test_a_fit_that_raises_hands_the_model_back_with_its_dropout():
@@ -81,7 +82,8 @@ def test_a_fit_that_raises_hands_the_model_back_with_its_dropout():
     with pytest.raises(ArithmeticError):
         trainer(callbacks=[cb], max_epochs=2).fit(model, loaders("list")[0])
     assert all(inert for _, inert, _ in model.log_steps) and len(model.log_steps) == 3  # it was off while training
-    assert sum(site.value > 0 for site in find_dropout(model)) == SITES and cb.removed == 0
+    assert sum(site.value > 0 for site in find_dropout(model)) == SITES
+    assert cb.removed == SITES  # what the fit switched off (it read 0 once they were back on)
 
 
 def test_start_zero_removes_before_the_first_step():
@@ -134,6 +136,29 @@ def test_resume_keeps_dropout_where_the_uninterrupted_run_had_it(tmp_path, step)
     if step >= 8:  # no random draws left: the resumed run ends with the uninterrupted run's weights
         for a, b in zip(full.state_dict().values(), resumed.state_dict().values(), strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_a_checkpoint_taken_while_dropout_is_off_keeps_a_buffer_rate(tmp_path):
+    # the buffer's 0 went into checkpoints: a resume (or a fine-tune from one) lost the dropout for good
+    class BufferRate(RecordingModule):
+        def __init__(self):
+            super().__init__(record=False)
+            self.drop = BufferRateDropout(0.3)
+
+        def forward(self, x):
+            return super().forward(self.drop(x))
+
+    saving = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    trainer(callbacks=[DropoutRemoval(), saving], max_steps=4, enable_checkpointing=True).fit(
+        BufferRate(), loaders("list")[0]
+    )
+    (ckpt,) = tmp_path.glob("*step=2.ckpt")
+    assert float(torch.load(ckpt, weights_only=True)["state_dict"]["drop.p"]) == pytest.approx(0.3)
+    resumed, cb = BufferRate(), DropoutRemoval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)  # it warned that the model had no dropout
+        trainer(callbacks=[cb], max_steps=4).fit(resumed, loaders("list")[0], ckpt_path=str(ckpt))
+    assert float(resumed.drop.p) == pytest.approx(0.3) and cb.removed == 1
 
 
 @pytest.mark.parametrize("start", [-0.1, 1.5, "half"])

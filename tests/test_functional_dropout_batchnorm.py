@@ -1,5 +1,6 @@
 """Finding and switching off every dropout; re-estimating, restoring and pooling BatchNorm statistics."""
 
+import numpy as np
 import pytest
 import torch
 from torch import Tensor, nn
@@ -281,9 +282,29 @@ def test_unknown_rate_names_are_listed_not_changed():
             self.attn_dropout_prob, self.dropout_rate, self.drop_path = 0.1, 0.2, 0.0
 
     model = nn.Sequential(Custom(), nn.Dropout(0.5))
-    assert unhandled_dropout(model) == ["0.attn_dropout_prob=0.1"]  # dropout_rate is known; zeros are no dropout
+    model[0].lr_drop_factor, model[0].attn_drop = 0.5, torch.tensor(0.25)  # no rate (it was listed); a tensor rate
+    # dropout_rate is known; zeros are no dropout
+    assert unhandled_dropout(model) == ["0.attn_dropout_prob=0.1", "0.attn_drop=0.25"]
     assert {s.attribute for s in disable_dropout(model)} == {"dropout_rate", "p"}
     assert model[0].attn_dropout_prob == 0.1
+
+
+def test_rates_held_as_numpy_floats_or_0d_tensors_are_switched_off_and_given_back():
+    # timm-style rates from torch.linspace without .item(), a NumPy float32 from a config: they stayed on, unlisted
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=np.float32(0.3), batch_first=True)
+    model = nn.Sequential(DropPath(torch.linspace(0, 0.2, 3)[1]), DropPath(np.float32(0.1)), layer).train()
+    found = {(s.name, s.attribute) for s in find_dropout(model)}
+    assert {("0", "drop_prob"), ("1", "drop_prob"), ("2.self_attn", "dropout")} <= found
+    assert unhandled_dropout(model) == []
+    x = torch.randn(4, 5, 8)
+    sites = disable_dropout(model)
+    torch.manual_seed(1)
+    a = model(x)
+    torch.manual_seed(2)
+    torch.testing.assert_close(model(x), a, rtol=0, atol=0)  # every draw gone, the attention dropout's too
+    restore_dropout(model, sites)
+    assert isinstance(model[1].drop_prob, np.float32) and model[1].drop_prob == np.float32(0.1)
+    assert float(model[0].drop_prob) == pytest.approx(0.1) and float(model[2].self_attn.dropout) == pytest.approx(0.3)
 
 
 def test_layers_without_running_statistics_are_skipped():
@@ -327,10 +348,13 @@ def test_a_tensor_rate_is_switched_off_and_given_back_as_the_same_tensor(make):
     restore_dropout(net, by_hand)
     assert isinstance(net[1].p, torch.Tensor) and float(net[1].p) == pytest.approx(0.3)
     sites = disable_dropout(net)
+    if isinstance(net[1], BufferRateDropout):  # saved with its own rate while off, as the model was built
+        assert float(net.state_dict()["1.p"]) == pytest.approx(0.3) and float(net[1].p) == 0.0
     net.double()  # moved or cast while switched off (Lightning moves the model to the CPU before teardown)
     restore_dropout(net, sites)
     if isinstance(net[1], BufferRateDropout):  # a buffer follows the model: given back as the model holds it now
         assert net[1].p.dtype == torch.float64 and float(net[1].p) == pytest.approx(0.3)
+        assert not net[1]._state_dict_hooks  # the saving hook goes with the switch
 
 
 def test_recalibration_skips_empty_batches_and_undoes_a_failed_forward():

@@ -66,18 +66,20 @@ class DropoutRemoval(SpeedupCallback):
         super().__init__(log_knobs=log_knobs)
         self.start = _checks.in_range("start", start, 0.0, 1.0, hint="It is a fraction of training progress.")
         self._removed: list[DropoutSite] = []
+        self._given_back = 0  # how many the last fit switched off, after it put them back
         self._done = False
         self._rescan = False  # a new epoch began after the removal: look for dropouts added since
 
     @property
     def removed(self) -> int:
-        """How many dropouts this callback switched off (0 before ``start``)."""
-        return len(self._removed)
+        """How many dropouts this callback switched off (0 before ``start``; after ``fit``, how many that fit
+        switched off, on again now)."""
+        return len(self._removed) or self._given_back
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         if stage == "fit":
-            self._removed, self._done, self._rescan = [], False, False
+            self._removed, self._done, self._rescan, self._given_back = [], False, False, 0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -142,6 +144,7 @@ class DropoutRemoval(SpeedupCallback):
     def _give_back(self, pl_module: pl.LightningModule) -> None:
         if self._removed:
             restore_dropout(pl_module, self._removed)
+            self._given_back = len(self._removed)
         self._removed, self._done, self._rescan = [], False, False
 
     def knobs(self) -> dict[str, float]:

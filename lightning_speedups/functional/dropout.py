@@ -6,7 +6,7 @@ and any reference to its modules stay as they were):
 
 * ``nn.Dropout``, ``nn.Dropout1d/2d/3d``, ``nn.AlphaDropout``, ``nn.FeatureAlphaDropout``: attribute ``p``;
 * ``torchvision.ops.StochasticDepth``, ``DropBlock2d`` and ``DropBlock3d``: attribute ``p``;
-* timm-style ``DropPath`` and ``DropBlock2d`` (any module with a float ``drop_prob``): ``drop_prob``;
+* timm-style ``DropPath`` and ``DropBlock2d`` (a module with a float or 0-d tensor ``drop_prob``): ``drop_prob``;
 * timm's ``PatchDropout`` (a module whose class name contains ``Drop``, with a float ``prob``): ``prob``;
 * the attention dropout of ``nn.MultiheadAttention`` (hence of ``nn.Transformer*Layer``, whose other dropouts
   are ``nn.Dropout`` modules), the inter-layer dropout of ``nn.RNN/LSTM/GRU``, and any module with a float
@@ -23,12 +23,18 @@ warn.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import re
+import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.dropout import _DropoutNd
+from torch.utils.hooks import RemovableHandle
 
 #: float attributes that hold a dropout probability in attention and recurrent modules.
 FLOAT_ATTRIBUTES = (
@@ -42,6 +48,11 @@ FLOAT_ATTRIBUTES = (
     "hidden_dropout",
     "layerdrop",
 )
+
+
+#: attribute names (lower case) of drop rates: ``dropout`` anywhere, ``drop_path``, ``drop_rate``, ``drop_prob``,
+#: ``drop_ratio``, a trailing ``drop_p`` or ``drop`` (timm's ``attn_drop``), a ``p_drop``; not ``lr_drop_factor``
+DROP_RATE_NAME = re.compile(r"dropout|drop_?(path|rate|prob|ratio)|drop_p$|(^|_)p_drop|drop$")
 
 
 @dataclass(frozen=True)
@@ -62,8 +73,19 @@ class DropoutSite:
     original: Tensor | None = field(default=None, compare=False, repr=False)
 
 
+def _rate(value: object) -> float | None:
+    """``value`` as a float if it can be a drop rate held as a float: a Python or NumPy float, or a 0-d floating
+    tensor (``torch.linspace(0, rate, depth)[i]``, a buffer); ``None`` otherwise (ints and bools are flags)."""
+    if isinstance(value, float | np.floating):
+        return float(value)
+    if isinstance(value, Tensor) and value.ndim == 0 and value.is_floating_point():
+        return float(value)
+    return None
+
+
 def _is_probability(value: object) -> bool:
-    return isinstance(value, float | int) and not isinstance(value, bool) and 0.0 <= float(value) <= 1.0
+    rate = _rate(value)
+    return rate is not None and 0.0 <= rate <= 1.0
 
 
 def _p_types() -> tuple[type, ...]:
@@ -85,18 +107,16 @@ def _attribute(module: nn.Module, p_types: tuple[type, ...]) -> list[str]:
     if isinstance(module, p_types):
         return ["p"]
     found = []
-    if isinstance(getattr(module, "drop_prob", None), float) and _settable(module, "drop_prob"):
+    if _rate(getattr(module, "drop_prob", None)) is not None and _settable(module, "drop_prob"):
         found.append("drop_prob")
     if (
         "drop" in type(module).__name__.lower()
-        and isinstance(getattr(module, "prob", None), float)
-        and _is_probability(module.prob)
+        and _is_probability(getattr(module, "prob", None))
         and _settable(module, "prob")
     ):
         found.append("prob")  # timm's PatchDropout (a ViT's patch_drop_rate)
     for name in FLOAT_ATTRIBUTES:
-        value = getattr(module, name, None)
-        if isinstance(value, float) and _is_probability(value) and _settable(module, name):
+        if _is_probability(getattr(module, name, None)) and _settable(module, name):
             found.append(name)
     return found
 
@@ -140,8 +160,13 @@ def disable_dropout(model: nn.Module) -> list[DropoutSite]:
     try:
         for site in changed:
             module = _site_module(model, site)
+            assert module is not None  # found in `model` just above
             # a tensor rate (a registered buffer takes tensors only) gets a new zero tensor, never changed in place
             setattr(module, site.attribute, _value_like(getattr(module, site.attribute, None), 0.0))
+            if site.attribute in module._buffers:  # saved in checkpoints: with its own rate, not the 0
+                _stop_saving_rate(module, site.attribute)
+                hook = module.register_state_dict_post_hook(functools.partial(_saved_rate, site.attribute, site.value))
+                _SAVED_RATE_HOOKS.setdefault(module, {})[site.attribute] = hook
             done.append(site)
     except Exception as err:  # all or nothing: never leave a model partly stripped
         restore_dropout(model, done)
@@ -152,24 +177,43 @@ def disable_dropout(model: nn.Module) -> list[DropoutSite]:
     return changed
 
 
+#: per module, per buffer switched off: the hook that saves the buffer's own rate (removed when it is given back)
+_SAVED_RATE_HOOKS: weakref.WeakKeyDictionary[nn.Module, dict[str, RemovableHandle]] = weakref.WeakKeyDictionary()
+
+
+def _stop_saving_rate(module: nn.Module, attribute: str) -> None:
+    hook = _SAVED_RATE_HOOKS.get(module, {}).pop(attribute, None)
+    if hook is not None:
+        hook.remove()
+
+
+def _saved_rate(attribute: str, value: float, module: nn.Module, state: dict[str, Any], prefix: str, _: Any) -> None:
+    """A ``state_dict`` post-hook: the switched-off buffer ``attribute`` is saved with its own rate, ``value``, so
+    a checkpoint taken while dropout is off holds the model as it was built (a resume, a fine-tune from it)."""
+    key = prefix + attribute
+    if key in state:
+        state[key] = _value_like(state[key], value)
+
+
 def unhandled_dropout(model: nn.Module) -> list[str]:
-    """``"<module>.<attribute>=<value>"`` for each non-zero float attribute that looks like a dropout rate (its
-    name contains ``drop``, or it is a ``p``/``prob``/``rate``-like name in a module whose class name contains
-    ``drop``) and that :func:`find_dropout` does not cover: dropout that a ``forward`` may apply under a name
-    we do not know."""
+    """``"<module>.<attribute>=<value>"`` for each non-zero float attribute that looks like a dropout rate (named
+    like one, :data:`DROP_RATE_NAME`: ``attn_dropout``, ``attn_drop``, ``drop_path_rate``, not ``lr_drop_factor``;
+    or a ``p``/``prob``/``rate``-like name in a module whose class name contains ``drop``) and that
+    :func:`find_dropout` does not cover: dropout that a ``forward`` may apply under a name we do not know."""
     p_types = _p_types()
     out = []
     for name, module in model.named_modules():
         handled = set(_attribute(module, p_types))
         dropout_class = "drop" in type(module).__name__.lower()
         for attribute, value in vars(module).items():
+            rate = _rate(value)
             if (
-                ("drop" in attribute.lower() or (dropout_class and _rate_name(attribute)))
+                (DROP_RATE_NAME.search(attribute.lower()) or (dropout_class and _rate_name(attribute)))
                 and attribute not in handled
-                and isinstance(value, float)
-                and 0.0 < value <= 1.0
+                and rate is not None
+                and 0.0 < rate <= 1.0
             ):
-                out.append(f"{name or '(model)'}.{attribute}={value:g}")
+                out.append(f"{name or '(model)'}.{attribute}={rate:g}")
     return out
 
 
@@ -187,6 +231,7 @@ def restore_dropout(model: nn.Module, sites: list[DropoutSite]) -> None:
     for site in sites:
         module = _site_module(model, site)
         if module is not None:
+            _stop_saving_rate(module, site.attribute)
             current = getattr(module, site.attribute, None)
             value = site.original
             if value is None or not _same_place(value, current):
@@ -205,6 +250,8 @@ def _value_like(current: object, value: float) -> object:
     if isinstance(current, Tensor):
         with torch.no_grad():
             return torch.full_like(current, value)
+    if isinstance(current, np.floating):  # e.g. np.float32: kept as its own type
+        return type(current)(value)
     return value
 
 
