@@ -15,6 +15,7 @@ It gives a technique four things it should not reimplement:
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 import warnings
@@ -227,7 +228,7 @@ class SpeedupCallback(Callback):
                     return self.fields.replace(batch, input=self.fields.get_input(batch) * self.factor)
     """
 
-    #: prefix of logged knobs; defaults to the class name in snake case (``MixUp`` -> ``mix_up``).
+    #: prefix of logged knobs; defaults to the class name in snake case (``InputNoise`` -> ``input_noise``).
     log_name: str | None = None
 
     def __init__(self, *, seed: int | None = None, log_knobs: bool = True) -> None:
@@ -306,8 +307,10 @@ class SpeedupCallback(Callback):
 
     @property
     def transforms_batches(self) -> bool:
-        """Whether this callback overrides :meth:`transform_batch` and so uses the seam."""
-        return type(self).transform_batch is not SpeedupCallback.transform_batch
+        """Whether this callback overrides :meth:`transform_batch` (or defines ``transform_validation_batch``) and
+        so uses the seam."""
+        cls = type(self)
+        return cls.transform_batch is not SpeedupCallback.transform_batch or hasattr(cls, "transform_validation_batch")
 
     # ------------------------------------------------------------------ randomness
     def _batch_index(self, trainer: pl.Trainer) -> int:
@@ -446,6 +449,33 @@ class SpeedupCallback(Callback):
         """Settings that tell two instances of this class apart in a checkpoint (e.g. two windows)."""
         return {}
 
+    def __repr__(self) -> str:
+        """``MixUp(alpha=0.4, p=0.5)``: the class and the ``__init__`` arguments (those a subclass passes on through
+        ``**kwargs`` included) that differ from their defaults, read from the attributes of the same names;
+        arguments kept under another name are left out, long values (arrays, label lists) shown by their type."""
+        parameters: dict[str, inspect.Parameter] = {}
+        for cls in type(self).__mro__:
+            init = cls.__dict__.get("__init__")
+            if init is None:
+                continue
+            try:
+                signature = list(inspect.signature(init).parameters.values())[1:]
+            except (TypeError, ValueError):
+                break
+            for param in signature:
+                if param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                    parameters.setdefault(param.name, param)
+            if cls is SpeedupCallback or not any(p.kind is p.VAR_KEYWORD for p in signature):
+                break  # the rest of the arguments are not this callback's
+        parts = []
+        for name, param in parameters.items():
+            value = self.__dict__.get("_given_seed") if name == "seed" else self.__dict__.get(name, _MISSING)
+            if value is _MISSING or _is_default(value, param.default):
+                continue
+            text = repr(value)
+            parts.append(f"{name}={text if len(text) <= 100 else f'<{type(value).__name__}>'}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
     @property
     def state_key(self) -> str:
         # Lightning reads `state_key` on every hook call it dispatches (for its profiler); within a fit the
@@ -473,6 +503,12 @@ class SpeedupCallback(Callback):
 
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if "_given_seed" not in self.__dict__:
+            raise RuntimeError(
+                f"{type(self).__name__}.__init__ did not call `super().__init__()`, which sets up what "
+                "SpeedupCallback needs (its seed, knob logging): call `super().__init__(seed=..., log_knobs=...)` "
+                "(or `super().__init__()`) in the override."
+            )
         if stage != "fit":
             return
         self._state_key_cache = None
@@ -561,6 +597,23 @@ class SpeedupCallback(Callback):
     ) -> None:
         if self.log_knobs and trainer.loggers and _should_log(trainer):
             self.log_now(trainer)
+
+
+_MISSING = object()
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    if value is default:
+        return True
+    empty = (list, tuple, set, frozenset, dict)
+    if isinstance(value, empty) and isinstance(default, empty) and not value and not default:
+        return True  # () kept as frozenset()
+    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in (value, default)):
+        return bool(value == default)  # 5 kept as 5.0
+    try:
+        return type(value) is type(default) and bool(value == default)
+    except (TypeError, ValueError, RuntimeError):  # arrays and tensors compare element-wise
+        return False
 
 
 def _is_number(value: Any) -> bool:

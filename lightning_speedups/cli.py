@@ -50,8 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME[:k=v,...]",
         help=(
-            "a callback instead of a preset, e.g. MixUp:alpha=0.4, or your own as package.module:Class[:k=v,...] "
-            "(repeatable)"
+            "a callback, e.g. MixUp:alpha=0.4, or your own as package.module:Class[:k=v,...] (repeatable): alone, "
+            "the recipe instead of a preset; with --preset, added to it (one of a class the preset has replaces "
+            "that one)"
         ),
     )
     cmp.add_argument("--model", help="your LightningModule class, as package.module:Class")

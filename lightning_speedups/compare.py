@@ -265,11 +265,9 @@ def _fmt(args: dict[str, Any]) -> str:
 
 def _recipe(cfg: CompareConfig) -> tuple[str, Callable[[], list[Callback]], dict[str, Any]]:
     """(label, callbacks factory, extra trainer settings) of the arm under test."""
-    if cfg.callbacks:
-        if cfg.preset is not None:
-            raise CompareError("Give --preset or --callback, not both.")
-        for spec in cfg.callbacks:  # fail on bad specs now, not after the baseline trained
-            parse_callback(spec)
+    for spec in cfg.callbacks:  # fail on bad specs now, not after the baseline trained
+        parse_callback(spec)
+    if cfg.callbacks and cfg.preset is None:
         return "callbacks: " + ", ".join(cfg.callbacks), lambda: [parse_callback(s) for s in cfg.callbacks], {}
     name = cfg.preset or DEFAULT_PRESET
     if name == BASELINE:
@@ -287,7 +285,12 @@ def _recipe(cfg: CompareConfig) -> tuple[str, Callable[[], list[Callback]], dict
     own = presets.lookup(name).trainer
     shared = {"accelerator", "devices"} | ({"precision", "strategy"} - set(own))
     extra = {k: v for k, v in recipe.trainer_kwargs.items() if k not in shared}
-    return name, lambda: presets.get(name, accelerator=cfg.accelerator, devices=cfg.devices).callbacks, extra
+
+    def callbacks() -> list[Callback]:  # a fresh set per run; a --callback of a class the preset has replaces it
+        built = presets.get(name, accelerator=cfg.accelerator, devices=cfg.devices)
+        return built.with_callbacks([parse_callback(s) for s in cfg.callbacks])
+
+    return (f"{name} + {', '.join(cfg.callbacks)}" if cfg.callbacks else name), callbacks, extra
 
 
 def _measure_at_full_size(callbacks: list[Callback]) -> list[Callback]:
@@ -452,9 +455,9 @@ def _run(
         notes = "".join(f" {note}" for note in getattr(err, "__notes__", []))  # e.g. which callback is behind it
         if not cfg.callbacks and arm not in (BASELINE, BUDGET):  # a preset's run, named or the default one
             notes += (
-                f" The preset's callbacks cannot be changed here: list the ones that suit your model with "
-                f"--callback instead of --preset (`lightning-speedups presets {cfg.preset or DEFAULT_PRESET}` "
-                "shows them)."
+                " If a callback of the preset does not suit your model, replace it with `--callback Name:arg=value`"
+                f" (one of its class takes its place), or list your own with --callback alone "
+                f"(`lightning-speedups presets {cfg.preset or DEFAULT_PRESET}` shows the preset's)."
             )
         raise CompareError(
             f"the {arm!r} run could not start or stopped: {type(err).__name__}: {err}{_raised_at(err)}.{notes}"
@@ -684,6 +687,13 @@ def format_report(report: Report) -> str:
             f"{_num(gflop_t, '.2f')} | {_speed(s.speedup_wall)} | {_speed(s.speedup_cpu)} | "
             f"{_speed(s.speedup_flops)} |"
         )
+    if report.runs and all(r.history and r.to_target(report.target) is r.history[0] for r in report.runs):
+        lines += [
+            "",
+            f"**Every run reached the target ({report.target:.4f}) at its first validation**, so this table cannot "
+            "tell the runs' speeds apart: the ratios compare times to the first validation. Train longer "
+            "(--max-epochs) so that the baseline ends well above where it starts, or set --target.",
+        ]
     recipe, budget = report.summary(report.recipe), report.summary(BUDGET)
     if recipe is not None and budget is None and cfg.get("budget_baseline", True):
         lines += [

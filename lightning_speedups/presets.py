@@ -134,10 +134,14 @@ class Recipe:
             strategy=settings.get("strategy", "auto"),
             num_nodes=settings.get("num_nodes", 1),
         )
-        users = _as_callback_list(kwargs.get("callbacks"))
-        merged, placed = _put_users_in_place(self.name, self.callbacks, users)
-        settings["callbacks"] = [*merged, *(u for u in users if not any(u is p for p in placed))]
+        settings["callbacks"] = self.with_callbacks(_as_callback_list(kwargs.get("callbacks")))
         return pl.Trainer(**settings)
+
+    def with_callbacks(self, users: Sequence[Callback]) -> list[Callback]:
+        """The recipe's callbacks with ``users``: one of a class the recipe has takes that callback's place (its
+        slot in the order), the others come after."""
+        merged, placed = _put_users_in_place(self.name, self.callbacks, users)
+        return [*merged, *(u for u in users if not any(u is p for p in placed))]
 
 
 def _put_users_in_place(
@@ -188,11 +192,16 @@ _entry_points_loading = False
 
 
 def register(preset: Preset, *, overwrite: bool = False) -> Preset:
-    """Add ``preset`` to the registry; a name already taken raises unless ``overwrite``."""
+    """Add ``preset`` to the registry; a name already taken raises unless ``overwrite``, or unless it is the same
+    preset registered again (a module reloaded, a notebook cell run twice), which replaces it."""
     if not isinstance(preset.name, str) or not preset.name:
         raise ValueError(f"A preset needs a non-empty str name, got {preset.name!r}.")
-    if preset.name in _REGISTRY and not overwrite:
-        raise ValueError(f"A preset named {preset.name!r} exists already; pass overwrite=True to replace it.")
+    taken = _REGISTRY.get(preset.name)
+    if taken is not None and not overwrite and not _registered_again(taken, preset):
+        raise ValueError(
+            f"A preset named {preset.name!r} exists already (from {_where(taken)}); pass overwrite=True to replace "
+            "it, or pick another name."
+        )
     _check_trainer_settings(preset.name, preset.trainer)
     _REGISTRY[preset.name] = preset
     _ORIGIN[preset.name] = _calling_modules()
@@ -218,6 +227,25 @@ def _check_trainer_settings(name: str, settings: Mapping[str, Any]) -> None:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise TypeError(f"Preset {name!r}: `trainer` has {key!r}, which is not a `pl.Trainer` argument.{hint}")
+
+
+def _registered_again(old: Preset, new: Preset) -> bool:
+    """Whether ``new`` is ``old`` registered again: the same declaration, or a function preset from the same
+    function of the same module (a reload makes a new function object)."""
+    if old.callbacks or new.callbacks:  # declarative: the same declaration, setting for setting
+        return old == new or (old.callbacks, old.summary, old.description, dict(old.trainer), old.requires) == (
+            new.callbacks,
+            new.summary,
+            new.description,
+            dict(new.trainer),
+            new.requires,
+        )
+    return _where(old) == _where(new) and not _where(old).startswith(f"{__name__}.")
+
+
+def _where(preset: Preset) -> str:
+    factory = preset.factory
+    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', type(factory).__name__)}"
 
 
 def register_preset(
@@ -356,7 +384,11 @@ def lookup(name: str) -> Preset:
     known = sorted(_REGISTRY)
     close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.5)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise UnknownPresetError(f"Unknown preset {name!r}.{hint} Known presets: {', '.join(known)}.")
+    raise UnknownPresetError(
+        f"Unknown preset {name!r}.{hint} Known presets: {', '.join(known)}. A preset registered with "
+        "`@register_preset` exists where its module has been imported (import it from your --model or "
+        "--datamodule module), or everywhere through the `lightning_speedups.presets` entry point (docs/presets.md)."
+    )
 
 
 def describe(name: str) -> str:

@@ -71,6 +71,8 @@ class BatchTransformSeam:
             if self._idle:  # before any transform: they keep what the batch holds as it came
                 for hook in self._idle:
                     batch = hook(trainer, pl_module, batch)
+                    if batch is None:
+                        _returned_none(hook.__self__, "passthrough_batch")
             if self._weight_averaging and updating_batchnorm_only(trainer):
                 # StochasticWeightAveraging's last epoch: forward passes that re-estimate the BatchNorm statistics
                 # of the averaged weights, on the data as validation will see it (not mixed, not resized)
@@ -78,9 +80,13 @@ class BatchTransformSeam:
                     hook = getattr(callback, "passthrough_batch", None)
                     if hook is not None:
                         batch = hook(trainer, pl_module, batch)
+                        if batch is None:
+                            _returned_none(callback, "passthrough_batch")
                 return batch
             for callback in self._active:
                 batch = callback.transform_batch(trainer, pl_module, batch)
+                if batch is None:
+                    _returned_none(callback, "transform_batch")
         else:
             # Optional, for callbacks that change what validation during fit sees (e.g. its image size).
             pl_module = trainer.lightning_module
@@ -88,6 +94,8 @@ class BatchTransformSeam:
                 hook = getattr(callback, "transform_validation_batch", None)
                 if hook is not None:
                     batch = hook(trainer, pl_module, batch)
+                    if batch is None:
+                        _returned_none(callback, "transform_validation_batch")
         return batch
 
     def _order(self) -> None:
@@ -103,6 +111,14 @@ class BatchTransformSeam:
         self._idle = [hook for hook in idle if hook is not None]
         self._active_for = callbacks
         self._weight_averaging = has_weight_averaging(self.trainer)
+
+
+def _returned_none(callback: Any, hook: str) -> None:
+    # Lightning takes a None batch for one to skip: every step would be skipped without a word
+    raise TypeError(
+        f"{type(callback).__name__}.{hook} returned None; it must return the batch to use (the new one, or the batch "
+        "it was given, unchanged). A missing `return`?"
+    )
 
 
 def updating_batchnorm_only(trainer: pl.Trainer) -> bool:

@@ -21,6 +21,7 @@ working. Some set-ups cannot take them, and we say so at fit start rather than c
 from __future__ import annotations
 
 import numbers
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -159,6 +160,10 @@ def check_soft_target_losses(pl_module: nn.Module, who: str, *, smoothing_in_tar
                 "and let the loss smooth, or set the loss's `label_smoothing=0` (with `LabelSmoothing(method="
                 "'loss')`, the callback then sets it for training steps only)."
             )
+
+
+#: torch's messages about tensors whose sizes differ (a broadcast, an elementwise comparison, a loss's shapes)
+_SIZES_DIFFER = re.compile(r"must match the size|shape|size mismatch|same size|sizes? of tensors?", re.I)
 
 
 def _out_of_range(who: str, num_classes: int, low: int, high: int) -> ValueError:
@@ -300,20 +305,24 @@ class TargetTransformCallback(SpeedupCallback):
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         super().on_exception(trainer, pl_module, exception)
-        # The step that raised got our (N, C) probabilities: a loss whose logits have another width than C fails
-        # in torch with a message about the target's shape that does not say where C came from.
-        if (
+        # The step that raised got our (N, C) probabilities: a loss whose logits have another width than C, or a
+        # training accuracy `logits.argmax(1) == y`, fails in torch with a message about a shape that does not say
+        # where the (N, C) targets came from.
+        if not (
             self._applied
             and self.transforms_batches  # not LabelSmoothing(method="loss"), which leaves the targets alone
             and self._classes is not None
             and isinstance(exception, (RuntimeError, ValueError))
-            and "target" in str(exception)
             and hasattr(exception, "add_note")  # Python 3.11+
         ):
+            return
+        text, c = str(exception), self._classes
+        if "target" in text or (_SIZES_DIFFER.search(text) and re.search(rf"\b{c}\b", text)):
             exception.add_note(
-                f"{type(self).__name__} gave this training step class probabilities of shape (N, {self._classes}) "
-                f"as targets (num_classes={self._classes}); if the logits have another number of classes, set "
-                f"`num_classes` to theirs."
+                f"{type(self).__name__} gave this training step class probabilities of shape (N, {c}) as targets "
+                f"(num_classes={c}): if the logits have another number of classes, set `num_classes` to theirs; a "
+                "training metric that compares predictions with `y` needs the labels back: "
+                "`lightning_speedups.hard_labels(y)`, or `hard_target_key=` on a dict batch."
             )
 
     def check_module(self, pl_module: pl.LightningModule) -> None:

@@ -4,6 +4,7 @@ import io
 import json
 import re
 import sys
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -188,7 +189,7 @@ def test_the_equal_budget_run_is_validated_at_its_last_step_even_mid_epoch():
         (["--metric", "val_err"], "looks like a lower-is-better metric"),
         (["--metric", "val/mse"], "looks like a lower-is-better metric"),
         (["--metric", "val_nll"], "looks like a lower-is-better metric"),
-        (["--preset", "baseline", "--callback", "MixUp"], "not both"),
+        (["--preset", "baseline", "--callback", "MixUp"], "would compare the baseline with itself"),
         (["--callback", "MixUpp"], "No callback class named 'MixUpp'"),
         (["--preset", "baseline"], "compare the baseline with itself"),
         (["--callback", "MixUp:alpha"], "arguments look like 'name=value'"),
@@ -284,6 +285,21 @@ def test_a_batch_size_finder_preset_on_several_devices_stops_before_training(cap
     err = capsys.readouterr().err
     assert err.startswith("error: preset 'large-batch': Preset 'large-batch' has a BatchSizeFinder, which runs on one")
     assert "Traceback" not in err and not list(tmp_path.iterdir())  # nothing trained, nothing written
+
+
+def test_a_preset_with_callbacks_takes_them_as_recipe_trainer_does():
+    # docs/presets.md promised it; compare refused "--preset or --callback, not both"
+    from lightning_speedups import LabelSmoothing, MixUp
+    from lightning_speedups.compare import CompareConfig, _recipe
+
+    cfg = CompareConfig(preset="vision-mild", callbacks=["LabelSmoothing:smoothing=0.05", "MixUp"], accelerator="cpu")
+    label, make, _ = _recipe(cfg)
+    assert label == "vision-mild + LabelSmoothing:smoothing=0.05, MixUp"
+    built = make()
+    expected = [type(c) for c in presets.get("vision-mild").callbacks] + [MixUp]  # the replacement in its slot
+    assert [type(c) for c in built] == expected
+    assert next(c for c in built if isinstance(c, LabelSmoothing)).smoothing == 0.05
+    assert all(a is not b for a, b in zip(built, make(), strict=True))  # a fresh set for each run
 
 
 def test_a_presets_own_precision_is_part_of_its_arm(tmp_path, monkeypatch):
@@ -524,8 +540,8 @@ def test_a_failing_default_preset_is_told_how_to_choose_its_callbacks(tmp_path, 
     args = ["--model", "unusual_models:FlatNet", "--datamodule", "lightning_speedups.demo:DigitsDataModule"]
     assert main(["compare", *args, *TINY[4:], "--repeats", "1", "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert "list the ones that suit your model with --callback" in err
-    assert "`lightning-speedups presets vision-mild` shows them" in err
+    assert "replace it with `--callback Name:arg=value`" in err and "or list your own with --callback alone" in err
+    assert "`lightning-speedups presets vision-mild` shows the preset's" in err
 
 
 def test_a_report_that_cannot_be_saved_is_still_printed(tmp_path, monkeypatch):
@@ -582,6 +598,26 @@ def test_a_recipe_the_model_cannot_take_gives_a_message_naming_the_run_and_the_l
     assert not out.exists()  # no empty report folder left behind
 
 
+def test_a_target_every_run_reaches_at_its_first_validation_is_called_uninformative():
+    # a baseline ending at chance made every arm "reach" it at once: a 4x speedup was reported, meaning nothing
+    from lightning_speedups.compare import CompareConfig, Report, RunResult, _summarise, format_report
+    from lightning_speedups.meter import Checkpoint
+
+    def history(*metrics):
+        return [Checkpoint(step=i, epoch=i, wall=i, cpu=i, flops=1e9 * i, metric=m) for i, m in enumerate(metrics, 1)]
+
+    config = asdict(CompareConfig(repeats=1, output=None))
+    for recipe_history, uninformative in (((0.11, 0.12), True), ((0.05, 0.12), False)):
+        runs = [
+            RunResult("baseline", 0, history(0.102, 0.101), 2e9, 2),  # at chance from its first validation on
+            RunResult("recipe", 0, history(*recipe_history), 1e9, 2),
+        ]
+        summaries = [_summarise(arm, [r for r in runs if r.arm == arm], 0.101) for arm in ("baseline", "recipe")]
+        text = format_report(Report(config=config, recipe="recipe", target=0.101, summaries=summaries, runs=runs))
+        said = "Every run reached the target (0.1010) at its first validation" in text
+        assert said is uninformative
+
+
 def test_an_arm_below_the_zoomed_plot_range_is_named_so_in_the_legend(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
@@ -611,7 +647,7 @@ def test_a_preset_that_does_not_suit_the_model_points_to_choosing_callbacks(tmp_
     out = tmp_path / "out"
     assert main(["compare", *args, *TINY[4:], "--repeats", "1", "--preset", "vision-mild", "--output", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "ProgressiveResizing had resized" in err and "with --callback instead of --preset" in err
+    assert "ProgressiveResizing had resized" in err and "replace it with `--callback Name:arg=value`" in err
 
 
 def test_a_module_not_found_says_where_it_is_looked_for(capsys, tmp_path):

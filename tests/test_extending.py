@@ -60,6 +60,38 @@ def test_a_setup_override_without_super_is_a_clear_error_not_a_silent_no_op():
     assert not model.train_batches  # before any step
 
 
+def test_an_init_without_super_is_a_clear_error():
+    class NoSuperInit(SpeedupCallback):
+        def __init__(self, factor=2.0):
+            self.factor = factor  # forgot super().__init__()
+
+    with pytest.raises(RuntimeError, match=r"NoSuperInit.__init__ did not call `super\(\).__init__\(\)`"):
+        trainer(callbacks=[NoSuperInit()], max_epochs=1).fit(RecordingModule(), loaders("list")[0])
+
+
+def test_a_transform_that_returns_none_is_an_error_not_a_run_of_skipped_steps():
+    class ForgetsReturn(InputNoise):
+        def transform_batch(self, trainer, pl_module, batch):
+            super().transform_batch(trainer, pl_module, batch)  # the result dropped: Lightning skips the step
+
+    model = RecordingModule()
+    with pytest.raises(TypeError, match=r"ForgetsReturn.transform_batch returned None.*A missing `return`\?"):
+        trainer(callbacks=[ForgetsReturn(std=0.5)], max_epochs=1).fit(model, loaders("list")[0])
+    assert not model.train_batches
+
+
+def test_a_callback_with_only_a_validation_transform_gets_the_validation_batches():
+    class ValidationOnly(SpeedupCallback):
+        def transform_validation_batch(self, trainer, pl_module, batch):
+            x, y = batch
+            return [x * 0, y]
+
+    model = RecordingModule()
+    trainer(callbacks=[ValidationOnly()], max_epochs=1).fit(model, *loaders("list"))
+    assert model.val_batches and all(not x.any() for x, _ in model.val_batches)  # it was never called
+    assert all(x.any() for x, _ in model.train_batches)  # training batches as they came
+
+
 def test_an_on_train_start_override_without_super_still_sees_progress():
     class NoSuperTrainStart(InputNoise):
         def on_train_start(self, trainer, pl_module):
@@ -143,3 +175,15 @@ def test_an_on_fit_start_override_without_super_is_a_clear_error():
     with pytest.raises(RuntimeError, match=r"NoSuperFitStart overrides `on_fit_start` without calling `super"):
         trainer(callbacks=[NoSuperFitStart()], max_epochs=1).fit(model, loaders("list")[0])
     assert not model.train_batches
+
+
+def test_callbacks_show_their_settings_when_printed():
+    from lightning_speedups import LinearScalingWarmup, MixUp, RepeatFactorSampling
+
+    assert repr(MixUp(alpha=0.4, p=0.5, seed=3)) == "MixUp(alpha=0.4, p=0.5, seed=3)"  # **kwargs of the base too
+    assert repr(LinearScalingWarmup(reference_batch_size=64)) == "LinearScalingWarmup(reference_batch_size=64)"
+    assert (
+        repr(RepeatFactorSampling(0.01, labels=list(range(500))))
+        == "RepeatFactorSampling(threshold=0.01, labels=<list>)"
+    )
+    assert repr(InputNoise(std=0.5)) == "InputNoise(std=0.5)"  # a user's: `input_key` is kept inside `fields`

@@ -303,6 +303,16 @@ def test_a_loss_over_another_number_of_classes_is_told_where_the_targets_width_c
         getattr(caught.value, "__notes__", [])
     )
 
+    class TrainingAccuracy(RecordingModule):  # the usual metric, on the soft targets: a broadcast error
+        def training_step(self, batch, batch_idx):
+            x, y = unpack(batch)
+            self.log("train_acc", (self(x).argmax(1) == y).float().mean())
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(RuntimeError, match="must match the size") as caught:
+        trainer(callbacks=[LabelSmoothing()], max_steps=1).fit(TrainingAccuracy(), loaders("list")[0])
+    assert "needs the labels back: `lightning_speedups.hard_labels(y)`" in "\n".join(caught.value.__notes__)
+
 
 class Batches(torch.utils.data.Dataset):
     """Prebuilt training batches, one per index (use with `batch_size=None`)."""

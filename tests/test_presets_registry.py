@@ -40,7 +40,7 @@ def test_unknown_name_lists_known_names_and_the_closest(registry):
         presets.get("mixing-dmo")
     message = str(info.value)
     assert "Did you mean 'mixing-demo'?" in message and "baseline" in message
-    with pytest.raises(UnknownPresetError, match="Known presets:"):
+    with pytest.raises(UnknownPresetError, match=r"Known presets:.*`@register_preset` exists where its module has"):
         presets.describe("zzzzzz")
 
 
@@ -80,8 +80,25 @@ def test_decorator_registers_a_function_preset(registry):
     assert presets.get("team-recipe", alpha=0.5).callbacks[0].alpha == 0.5
     text = presets.describe("team-recipe")
     assert text.startswith("team-recipe: MixUp as our team tunes it.") and "requires: nothing special" in text
-    with pytest.raises(ValueError, match="exists already"):
-        register_preset("team-recipe")(team_recipe)
+
+    # the same function again (a notebook cell run twice, a module reloaded): replaced, no error
+    def team_recipe(alpha: float = 0.2):  # noqa: F811 (same module and qualified name, a new function object)
+        """MixUp, re-tuned."""
+        return [MixUp(alpha=alpha)]
+
+    register_preset("team-recipe")(team_recipe)
+    assert presets.get("team-recipe").callbacks[0].alpha == 0.2
+
+    def another(alpha: float = 0.3):
+        return [MixUp(alpha=alpha)]
+
+    with pytest.raises(ValueError, match=r"'team-recipe' exists already \(from tests\.test_presets_registry\..*"):
+        register_preset("team-recipe")(another)
+    same = declarative("mix-smooth", "s", "d", [("MixUp", {"alpha": 0.2})])
+    presets.register(same)
+    presets.register(declarative("mix-smooth", "s", "d", [("MixUp", {"alpha": 0.2})]))  # declared again: fine
+    with pytest.raises(ValueError, match="'mix-smooth' exists already"):
+        presets.register(declarative("mix-smooth", "s", "d", [("MixUp", {"alpha": 0.4})]))
     with pytest.raises(ValueError, match="only declarative presets export to YAML"):
         presets.to_yaml("team-recipe")
 

@@ -667,9 +667,9 @@ class ProgressiveResizing(SpeedupCallback):
             else:  # the data pipeline made them: the full size never reached the device
                 made = f"had its data pipeline make this step's images {height}x{width} (a reduced size)"
             note = (
-                f"ProgressiveResizing {made}, and no step at a reduced size had gone through: a model with a fixed "
-                "input size (a flatten before a Linear layer, position embeddings without interpolation) cannot "
-                "train on them. Make the model size-agnostic (global average pooling), or leave "
+                f"ProgressiveResizing {made}, and no step at a reduced size had gone through. If the model has a "
+                "fixed input size (a flatten before a Linear layer, position embeddings without interpolation), it "
+                "cannot train on them: make it size-agnostic (global average pooling), or leave "
                 "ProgressiveResizing out."
             )
             if hasattr(exception, "add_note"):  # Python 3.11+
