@@ -160,7 +160,7 @@ class SamplingPlan:
         shard = {"rank": rank, "num_replicas": num_replicas}
         counts = self.repeat.counts(epoch) if self.repeat is not None else None
         cur = self.curriculum
-        if cur is None:
+        if cur is None or cur.pacing.start >= 1.0:  # a pace that starts at all the data: uniform throughout
             return fs.shuffled_epoch(n, total, seed=self.shuffle_seed, epoch=epoch, counts=counts, **shard)
         if self.clock is None:
             raise RuntimeError("A curriculum plan needs a `clock` mapping epoch positions to optimizer steps.")

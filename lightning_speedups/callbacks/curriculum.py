@@ -24,7 +24,6 @@ from lightning_speedups.samplers import (
     check_plan_in_use,
     datamodule_seed,
     require_speedup_datamodule,
-    training_plan,
 )
 
 if TYPE_CHECKING:
@@ -202,7 +201,7 @@ class CurriculumOrdering(SpeedupCallback):
         self._fraction = start
         # (plan, batch index, epoch) of the last batch: its step and fraction are worked out only when the knobs
         # are read (logging), as computing them every step cost more than the rest of the per-step work.
-        self._fraction_at: tuple[SamplingPlan, int, int] | None = None
+        self._fraction_at: tuple[int, int] | None = None  # (batch index, epoch) of the last batch trained
 
     @property
     def _who(self) -> str:
@@ -426,17 +425,16 @@ class CurriculumOrdering(SpeedupCallback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        plan = self._plan if self._plan is not None else training_plan(trainer)
-        if plan is not None and plan.clock is not None:
-            # `trainer.current_epoch`, without its chain of properties
-            self._fraction_at = (plan, batch_idx, trainer.fit_loop.epoch_progress.current.completed)
+        # where the pool stands, worked out only when the knobs are read (`trainer.current_epoch`, without its chain
+        # of properties); the plan is the training loader's (`contribute_to_plan` set it when the loader was built)
+        self._fraction_at = (batch_idx, trainer.fit_loop.epoch_progress.current.completed)
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     # ------------------------------------------------------------------ logging and state
     def knobs(self) -> dict[str, float]:
-        if self._fraction_at is not None:
-            plan, batch_idx, epoch = self._fraction_at
-            assert plan.clock is not None
+        plan = self._plan
+        if self._fraction_at is not None and plan is not None and plan.clock is not None:
+            batch_idx, epoch = self._fraction_at
             self._fraction, self._fraction_at = plan.pool_fraction(plan.clock.step_of(batch_idx, epoch)), None
         out = {"fraction": float(self._fraction)}
         if self.order is not None:
