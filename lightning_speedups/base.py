@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+import reprlib
 import warnings
 import zlib
 from collections.abc import Mapping
@@ -310,7 +311,9 @@ class SpeedupCallback(Callback):
         """Whether this callback overrides :meth:`transform_batch` (or defines ``transform_validation_batch``) and
         so uses the seam."""
         cls = type(self)
-        return cls.transform_batch is not SpeedupCallback.transform_batch or hasattr(cls, "transform_validation_batch")
+        return cls.transform_batch is not SpeedupCallback.transform_batch or callable(
+            getattr(cls, "transform_validation_batch", None)
+        )
 
     # ------------------------------------------------------------------ randomness
     def _batch_index(self, trainer: pl.Trainer) -> int:
@@ -449,6 +452,7 @@ class SpeedupCallback(Callback):
         """Settings that tell two instances of this class apart in a checkpoint (e.g. two windows)."""
         return {}
 
+    @reprlib.recursive_repr()
     def __repr__(self) -> str:
         """``MixUp(alpha=0.4, p=0.5)``: the class and the ``__init__`` arguments (those a subclass passes on through
         ``**kwargs`` included) that differ from their defaults, read from the attributes of the same names;
@@ -467,14 +471,23 @@ class SpeedupCallback(Callback):
                     parameters.setdefault(param.name, param)
             if cls is SpeedupCallback or not any(p.kind is p.VAR_KEYWORD for p in signature):
                 break  # the rest of the arguments are not this callback's
+        values = self._repr_values()
         parts = []
         for name, param in parameters.items():
-            value = self.__dict__.get("_given_seed") if name == "seed" else self.__dict__.get(name, _MISSING)
+            value = values.get(name, _MISSING)
             if value is _MISSING or _is_default(value, param.default):
                 continue
-            text = repr(value)
-            parts.append(f"{name}={text if len(text) <= 100 else f'<{type(value).__name__}>'}")
+            try:
+                text = repr(value)
+            except Exception:  # a repr must not raise, whatever a setting holds
+                text = ""
+            parts.append(f"{name}={text if 0 < len(text) <= 100 else f'<{type(value).__name__}>'}")
         return f"{type(self).__name__}({', '.join(parts)})"
+
+    def _repr_values(self) -> dict[str, Any]:
+        """The values ``__repr__`` shows for the ``__init__`` arguments of the same names; override where a
+        setting is kept in another form (a subclass keeps its arguments under their names by default)."""
+        return {**self.__dict__, "seed": self.__dict__.get("_given_seed")}
 
     @property
     def state_key(self) -> str:
@@ -612,7 +625,7 @@ def _is_default(value: Any, default: Any) -> bool:
         return bool(value == default)  # 5 kept as 5.0
     try:
         return type(value) is type(default) and bool(value == default)
-    except (TypeError, ValueError, RuntimeError):  # arrays and tensors compare element-wise
+    except Exception:  # arrays and tensors compare element-wise; an odd `__eq__` may raise anything
         return False
 
 

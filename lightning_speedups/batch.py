@@ -174,7 +174,13 @@ class BatchFields:
         """Return a new batch of the same container type with ``input`` and/or ``target`` replaced."""
         if self.getter is not None:
             old_x, old_y = self.getter(batch)
-            return self.setter(batch, old_x if input is None else input, old_y if target is None else target)
+            new = self.setter(batch, old_x if input is None else input, old_y if target is None else target)
+            if new is None:  # Lightning would take it for a batch to skip
+                raise TypeError(
+                    "`batch_setter` returned None; it must return the new batch (build one: never change the batch "
+                    "it is given in place, which may alias the dataset's storage)."
+                )
+            return new
         updates: dict[Key, Any] = {}
         if input is not None:
             updates[self._resolve(batch, "input")] = input

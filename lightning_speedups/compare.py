@@ -267,7 +267,7 @@ def _recipe(cfg: CompareConfig) -> tuple[str, Callable[[], list[Callback]], dict
     """(label, callbacks factory, extra trainer settings) of the arm under test."""
     for spec in cfg.callbacks:  # fail on bad specs now, not after the baseline trained
         parse_callback(spec)
-    if cfg.callbacks and cfg.preset is None:
+    if cfg.callbacks and cfg.preset in (None, BASELINE):  # the baseline plus callbacks: those callbacks
         return "callbacks: " + ", ".join(cfg.callbacks), lambda: [parse_callback(s) for s in cfg.callbacks], {}
     name = cfg.preset or DEFAULT_PRESET
     if name == BASELINE:
@@ -453,7 +453,7 @@ def _run(
         # up front, at construction or fit start), or a recipe the model cannot take (a fixed input size under
         # resizing): say which run it stopped and where, without a traceback
         notes = "".join(f" {note}" for note in getattr(err, "__notes__", []))  # e.g. which callback is behind it
-        if not cfg.callbacks and arm not in (BASELINE, BUDGET):  # a preset's run, named or the default one
+        if (not cfg.callbacks or cfg.preset not in (None, BASELINE)) and arm not in (BASELINE, BUDGET):  # a preset's
             notes += (
                 " If a callback of the preset does not suit your model, replace it with `--callback Name:arg=value`"
                 f" (one of its class takes its place), or list your own with --callback alone "

@@ -240,7 +240,14 @@ def _registered_again(old: Preset, new: Preset) -> bool:
             dict(new.trainer),
             new.requires,
         )
-    return _where(old) == _where(new) and not _where(old).startswith(f"{__name__}.")
+    where = _where(old)
+    return (
+        inspect.isfunction(old.factory)
+        and inspect.isfunction(new.factory)
+        and where == _where(new)
+        and not where.startswith(f"{__name__}.")
+        and "<" not in where  # not a lambda or a closure, which many presets may share
+    )
 
 
 def _where(preset: Preset) -> str:

@@ -72,13 +72,13 @@ class BatchTransformSeam:
                 for hook in self._idle:
                     batch = hook(trainer, pl_module, batch)
                     if batch is None:
-                        _returned_none(hook.__self__, "passthrough_batch")
+                        _returned_none(getattr(hook, "__self__", hook), "passthrough_batch")
             if self._weight_averaging and updating_batchnorm_only(trainer):
                 # StochasticWeightAveraging's last epoch: forward passes that re-estimate the BatchNorm statistics
                 # of the averaged weights, on the data as validation will see it (not mixed, not resized)
                 for callback in self._active:
                     hook = getattr(callback, "passthrough_batch", None)
-                    if hook is not None:
+                    if callable(hook):
                         batch = hook(trainer, pl_module, batch)
                         if batch is None:
                             _returned_none(callback, "passthrough_batch")
@@ -92,7 +92,7 @@ class BatchTransformSeam:
             pl_module = trainer.lightning_module
             for callback in self._active:
                 hook = getattr(callback, "transform_validation_batch", None)
-                if hook is not None:
+                if callable(hook):
                     batch = hook(trainer, pl_module, batch)
                     if batch is None:
                         _returned_none(callback, "transform_validation_batch")
@@ -108,7 +108,7 @@ class BatchTransformSeam:
         present = {id(cb) for cb in callbacks}
         self._active = [cb for cb in self.transforms if id(cb) in present]
         idle = (getattr(cb, "passthrough_batch", None) for cb in self.transforms if id(cb) not in present)
-        self._idle = [hook for hook in idle if hook is not None]
+        self._idle = [hook for hook in idle if callable(hook)]
         self._active_for = callbacks
         self._weight_averaging = has_weight_averaging(self.trainer)
 

@@ -310,6 +310,7 @@ class TargetTransformCallback(SpeedupCallback):
         # where the (N, C) targets came from.
         if not (
             self._applied
+            and trainer.training  # a training step's error, not validation's after a mixed batch
             and self.transforms_batches  # not LabelSmoothing(method="loss"), which leaves the targets alone
             and self._classes is not None
             and isinstance(exception, (RuntimeError, ValueError))

@@ -189,7 +189,6 @@ def test_the_equal_budget_run_is_validated_at_its_last_step_even_mid_epoch():
         (["--metric", "val_err"], "looks like a lower-is-better metric"),
         (["--metric", "val/mse"], "looks like a lower-is-better metric"),
         (["--metric", "val_nll"], "looks like a lower-is-better metric"),
-        (["--preset", "baseline", "--callback", "MixUp"], "would compare the baseline with itself"),
         (["--callback", "MixUpp"], "No callback class named 'MixUpp'"),
         (["--preset", "baseline"], "compare the baseline with itself"),
         (["--callback", "MixUp:alpha"], "arguments look like 'name=value'"),
@@ -300,6 +299,8 @@ def test_a_preset_with_callbacks_takes_them_as_recipe_trainer_does():
     assert [type(c) for c in built] == expected
     assert next(c for c in built if isinstance(c, LabelSmoothing)).smoothing == 0.05
     assert all(a is not b for a, b in zip(built, make(), strict=True))  # a fresh set for each run
+    label, make, _ = _recipe(CompareConfig(preset="baseline", callbacks=["MixUp"], accelerator="cpu"))
+    assert label == "callbacks: MixUp" and [type(c) for c in make()] == [MixUp]  # the baseline plus MixUp
 
 
 def test_a_presets_own_precision_is_part_of_its_arm(tmp_path, monkeypatch):

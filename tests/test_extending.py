@@ -80,6 +80,16 @@ def test_a_transform_that_returns_none_is_an_error_not_a_run_of_skipped_steps():
     assert not model.train_batches
 
 
+def test_a_batch_setter_that_returns_none_is_named():
+    def setter(batch, x, y):
+        batch[0], batch[1] = x, y  # in place, and no return
+
+    cb = InputNoise(std=0.5)
+    cb.fields = BatchFields(getter=lambda b: (b[0], b[1]), setter=setter)
+    with pytest.raises(TypeError, match="`batch_setter` returned None; it must return the new batch"):
+        trainer(callbacks=[cb], max_epochs=1).fit(RecordingModule(), loaders("list")[0])
+
+
 def test_a_callback_with_only_a_validation_transform_gets_the_validation_batches():
     class ValidationOnly(SpeedupCallback):
         def transform_validation_batch(self, trainer, pl_module, batch):
@@ -90,6 +100,11 @@ def test_a_callback_with_only_a_validation_transform_gets_the_validation_batches
     trainer(callbacks=[ValidationOnly()], max_epochs=1).fit(model, *loaders("list"))
     assert model.val_batches and all(not x.any() for x, _ in model.val_batches)  # it was never called
     assert all(x.any() for x, _ in model.train_batches)  # training batches as they came
+
+    class NoValidationTransform(SpeedupCallback):  # an attribute that is not a hook: no seam
+        transform_validation_batch = None
+
+    assert not NoValidationTransform().transforms_batches
 
 
 def test_an_on_train_start_override_without_super_still_sees_progress():
@@ -187,3 +202,19 @@ def test_callbacks_show_their_settings_when_printed():
         == "RepeatFactorSampling(threshold=0.01, labels=<list>)"
     )
     assert repr(InputNoise(std=0.5)) == "InputNoise(std=0.5)"  # a user's: `input_key` is kept inside `fields`
+
+    class Odd:
+        def __eq__(self, other):
+            raise AttributeError("no comparing")
+
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+    class Linked(SpeedupCallback):
+        def __init__(self, partner=None, odd=None):
+            super().__init__()
+            self.partner, self.odd = partner, odd
+
+    a = Linked(odd=Odd())
+    a.partner = Linked(partner=a)
+    assert repr(a) == "Linked(partner=Linked(partner=...), odd=<Odd>)"  # never raises, never recurses

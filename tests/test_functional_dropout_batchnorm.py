@@ -283,8 +283,9 @@ def test_unknown_rate_names_are_listed_not_changed():
 
     model = nn.Sequential(Custom(), nn.Dropout(0.5))
     model[0].lr_drop_factor, model[0].attn_drop = 0.5, torch.tensor(0.25)  # no rate (it was listed); a tensor rate
+    model[0].drop_connect_rate = 0.2
     # dropout_rate is known; zeros are no dropout
-    assert unhandled_dropout(model) == ["0.attn_dropout_prob=0.1", "0.attn_drop=0.25"]
+    assert unhandled_dropout(model) == ["0.attn_dropout_prob=0.1", "0.attn_drop=0.25", "0.drop_connect_rate=0.2"]
     assert {s.attribute for s in disable_dropout(model)} == {"dropout_rate", "p"}
     assert model[0].attn_dropout_prob == 0.1
 
@@ -305,6 +306,25 @@ def test_rates_held_as_numpy_floats_or_0d_tensors_are_switched_off_and_given_bac
     restore_dropout(model, sites)
     assert isinstance(model[1].drop_prob, np.float32) and model[1].drop_prob == np.float32(0.1)
     assert float(model[0].drop_prob) == pytest.approx(0.1) and float(model[2].self_attn.dropout) == pytest.approx(0.3)
+
+
+def test_a_learnt_rate_is_not_a_dropout_to_switch_off():
+    path = DropPath(0.1)
+    path.drop_prob = nn.Parameter(torch.tensor(0.1))  # the model trains it: not ours to zero (setting it raised)
+    model = nn.Sequential(path, nn.Dropout(0.2))
+    assert [(s.name, s.attribute) for s in disable_dropout(model)] == [("1", "p")]
+    assert isinstance(model[0].drop_prob, nn.Parameter)
+
+
+def test_a_copy_of_a_model_taken_while_its_buffer_rate_is_off_saves_what_it_holds():
+    import copy
+
+    net = nn.Sequential(nn.Linear(4, 4), BufferRateDropout(0.3))
+    sites = disable_dropout(net)
+    twin = copy.deepcopy(net)  # the saving hook is copied along, but the copy was never switched off by us
+    restore_dropout(net, sites)
+    twin[1].p = torch.tensor(0.5)
+    assert float(twin.state_dict()["1.p"]) == 0.5 and float(net.state_dict()["1.p"]) == pytest.approx(0.3)
 
 
 def test_layers_without_running_statistics_are_skipped():

@@ -313,6 +313,15 @@ def test_a_loss_over_another_number_of_classes_is_told_where_the_targets_width_c
         trainer(callbacks=[LabelSmoothing()], max_steps=1).fit(TrainingAccuracy(), loaders("list")[0])
     assert "needs the labels back: `lightning_speedups.hard_labels(y)`" in "\n".join(caught.value.__notes__)
 
+    class FailsInValidation(RecordingModule):  # after a mixed training batch: not the targets' doing
+        def validation_step(self, batch, batch_idx):
+            x, y = unpack(batch)
+            return F.cross_entropy(self(x), y[:-1])
+
+    with pytest.raises(ValueError, match="to match target batch_size") as caught:
+        trainer(callbacks=[MixUp()], max_steps=1, val_check_interval=1).fit(FailsInValidation(), *loaders("list"))
+    assert not getattr(caught.value, "__notes__", [])
+
 
 class Batches(torch.utils.data.Dataset):
     """Prebuilt training batches, one per index (use with `batch_size=None`)."""

@@ -81,19 +81,18 @@ def test_decorator_registers_a_function_preset(registry):
     text = presets.describe("team-recipe")
     assert text.startswith("team-recipe: MixUp as our team tunes it.") and "requires: nothing special" in text
 
-    # the same function again (a notebook cell run twice, a module reloaded): replaced, no error
-    def team_recipe(alpha: float = 0.2):  # noqa: F811 (same module and qualified name, a new function object)
-        """MixUp, re-tuned."""
-        return [MixUp(alpha=alpha)]
-
-    register_preset("team-recipe")(team_recipe)
-    assert presets.get("team-recipe").callbacks[0].alpha == 0.2
-
     def another(alpha: float = 0.3):
         return [MixUp(alpha=alpha)]
 
     with pytest.raises(ValueError, match=r"'team-recipe' exists already \(from tests\.test_presets_registry\..*"):
         register_preset("team-recipe")(another)
+    with pytest.raises(ValueError, match="exists already"):  # a function of a function: maybe not the same one
+        register_preset("team-recipe")(team_recipe)
+    import functools
+
+    presets.register(presets.Preset("shared", "a", "d", functools.partial(another, alpha=0.1)))
+    with pytest.raises(ValueError, match="'shared' exists already"):  # a partial (or closure) is no one's own
+        presets.register(presets.Preset("shared", "b", "d", functools.partial(another, alpha=0.2)))
     same = declarative("mix-smooth", "s", "d", [("MixUp", {"alpha": 0.2})])
     presets.register(same)
     presets.register(declarative("mix-smooth", "s", "d", [("MixUp", {"alpha": 0.2})]))  # declared again: fine
@@ -101,6 +100,29 @@ def test_decorator_registers_a_function_preset(registry):
         presets.register(declarative("mix-smooth", "s", "d", [("MixUp", {"alpha": 0.4})]))
     with pytest.raises(ValueError, match="only declarative presets export to YAML"):
         presets.to_yaml("team-recipe")
+
+
+def test_a_module_reloaded_registers_its_presets_again(registry, tmp_path, monkeypatch):
+    # a notebook cell run twice, `importlib.reload`: the same function of the same module, a new object
+    import importlib
+
+    source = """
+        from lightning_speedups import MixUp
+        from lightning_speedups.presets import register_preset
+
+        @register_preset("reloaded-recipe")
+        def reloaded_recipe(alpha: float = {alpha}):
+            return [MixUp(alpha=alpha)]
+    """
+    module = tmp_path / "team_presets.py"
+    module.write_text(textwrap.dedent(source.format(alpha=0.3)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    team = importlib.import_module("team_presets")
+    module.write_text(textwrap.dedent(source.format(alpha=0.2)))
+    importlib.invalidate_caches()
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    importlib.reload(team)  # raised "exists already"
+    assert presets.get("reloaded-recipe").callbacks[0].alpha == 0.2
 
 
 def test_entry_point_group_registers_third_party_presets(registry, tmp_path, monkeypatch):

@@ -430,6 +430,11 @@ class CurriculumOrdering(SpeedupCallback):
         self._fraction_at = (batch_idx, trainer.fit_loop.epoch_progress.current.completed)
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
+    def _repr_values(self) -> dict[str, Any]:
+        pace = self.pacing  # the pacing arguments, kept together in one `Pacing`
+        paced = {"start_fraction": pace.start, "full_at": pace.full_at, "growth": pace.growth}
+        return {**super()._repr_values(), "pacing": pace.kind, **paced, "step_length": pace.step_length}
+
     # ------------------------------------------------------------------ logging and state
     def knobs(self) -> dict[str, float]:
         plan = self._plan

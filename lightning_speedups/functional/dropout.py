@@ -51,8 +51,11 @@ FLOAT_ATTRIBUTES = (
 
 
 #: attribute names (lower case) of drop rates: ``dropout`` anywhere, ``drop_path``, ``drop_rate``, ``drop_prob``,
-#: ``drop_ratio``, a trailing ``drop_p`` or ``drop`` (timm's ``attn_drop``), a ``p_drop``; not ``lr_drop_factor``
-DROP_RATE_NAME = re.compile(r"dropout|drop_?(path|rate|prob|ratio)|drop_p$|(^|_)p_drop|drop$")
+#: ``drop_ratio``, ``drop_connect``, ``drop_block``, ``drop_..._rate``/``_prob``/``_p``, a trailing ``drop`` (timm's
+#: ``attn_drop``), a ``p_drop``; not ``lr_drop_factor`` or ``drop_last``
+DROP_RATE_NAME = re.compile(
+    r"dropout|drop_?(path|rate|prob|ratio|connect|block)|drop_(\w*_)?(rate|prob|p)$|(^|_)p_drop|drop$"
+)
 
 
 @dataclass(frozen=True)
@@ -78,8 +81,8 @@ def _rate(value: object) -> float | None:
     tensor (``torch.linspace(0, rate, depth)[i]``, a buffer); ``None`` otherwise (ints and bools are flags)."""
     if isinstance(value, float | np.floating):
         return float(value)
-    if isinstance(value, Tensor) and value.ndim == 0 and value.is_floating_point():
-        return float(value)
+    if isinstance(value, Tensor) and value.ndim == 0 and value.is_floating_point() and not value.requires_grad:
+        return float(value)  # a learnt rate (a Parameter) is the model's to train, not ours to zero
     return None
 
 
@@ -191,7 +194,7 @@ def _saved_rate(attribute: str, value: float, module: nn.Module, state: dict[str
     """A ``state_dict`` post-hook: the switched-off buffer ``attribute`` is saved with its own rate, ``value``, so
     a checkpoint taken while dropout is off holds the model as it was built (a resume, a fine-tune from it)."""
     key = prefix + attribute
-    if key in state:
+    if key in state and attribute in _SAVED_RATE_HOOKS.get(module, {}):  # not a stale copy's (a deepcopied model)
         state[key] = _value_like(state[key], value)
 
 
