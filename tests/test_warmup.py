@@ -277,6 +277,40 @@ def test_training_step_reads_and_sets_the_schedulers_learning_rate():
     assert module.opt.param_groups[0]["lr"] == pytest.approx(0.4)  # and kept after the update
 
 
+@pytest.mark.parametrize("reference", [16, 8], ids=["factor-1", "factor-2"])
+def test_the_logged_learning_rate_is_the_one_the_update_used_when_training_step_sets_it(reference):
+    # at a factor of 1 the closure is not wrapped: the snapshot taken before it logged the previous value
+    class PlainSGD(torch.optim.Optimizer):  # its step calls no parent step: the step hooks run once, around it
+        def __init__(self, params, lr):
+            super().__init__(params, {"lr": lr})
+            self.used: list[list[float]] = []
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            with torch.enable_grad():
+                loss = closure()
+            self.used.append([float(g["lr"]) for g in self.param_groups])
+            for group in self.param_groups:
+                for param in group["params"]:
+                    param.add_(param.grad, alpha=-group["lr"])
+            return loss
+
+    class SetsLr(WarmupModule):
+        def configure_optimizers(self):
+            self.opt = PlainSGD(self.parameters(), lr=LR)
+            return self.opt
+
+        def training_step(self, batch, batch_idx):
+            self.opt.param_groups[0]["lr"] = 0.1 * (self.global_step + 2)
+            return super().training_step(batch, batch_idx)
+
+    module, logger = SetsLr("none"), MemoryLogger()
+    fit(module, [LinearScalingWarmup(reference, warmup=0)], max_epochs=1, logger=logger, log_every_n_steps=1)
+    logged = [v for _, v in logger.history["lr_warmup/lr-PlainSGD"]]
+    assert module.used == pytest.approx([0.1 * (t + 2) * 16 / reference for t in range(4)])
+    assert logged == pytest.approx(module.used)
+
+
 def test_a_fit_that_raises_takes_its_step_hooks_off_the_optimizer():
     class Crash(WarmupModule):
         def training_step(self, batch, batch_idx):
@@ -462,6 +496,19 @@ def test_initial_reference_is_the_batch_asked_for_before_the_finder_changes_it(t
     assert module.used[3:] == pytest.approx([lr * ramp(t, 4, 2.0) for t, lr in enumerate(scheduled_lrs("cosine", 8))])
 
 
+def test_a_second_fit_keeps_the_initial_reference_the_finder_changed_the_batch_from(tmp_path):
+    # the second fit read the module's batch size again, which the finder had set: the scale fell from 2 to 1
+    module = WarmupModule("none", batch_size=4)
+    finder = BatchSizeFinder(mode="power", init_val=2, max_trials=3, steps_per_trial=1)
+    cb = LinearScalingWarmup("initial", warmup=0)
+    t = trainer(callbacks=[finder, cb], max_epochs=1, default_root_dir=tmp_path)
+    t.fit(module)
+    assert module.batch_size == 8 and cb.scale == 2.0
+    t.fit_loop.max_epochs = 2
+    t.fit(module)
+    assert cb.scale == 2.0 and module.used[-8:] == pytest.approx([LR * 2] * 8)
+
+
 def test_resuming_with_a_batch_size_finder_is_refused_and_resuming_without_it_continues(tmp_path):
     """Lightning's BatchSizeFinder searches before the checkpoint's loops are restored and its trial restore drops
     them: the run would start over at step 0 with the full factor at once. Refused before anything runs."""
@@ -582,6 +629,25 @@ def test_initial_reference_counts_a_scheduled_accumulation_as_the_trainer_settin
     assert module.used == pytest.approx(scheduled_lrs("cosine", 8)[:2])
 
 
+def test_initial_reference_is_the_batch_size_given_to_the_callback():
+    # manual accumulation over 2 batches of 16, told as batch_size=32: one device, so the scale is 1 (the module's
+    # own `batch_size` of 16 was taken instead, a scale of 2)
+    class ManualAccumulation(WarmupModule):
+        def __init__(self):
+            super().__init__("none", batch_size=16)
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            self.manual_backward(super().training_step(batch, batch_idx) / 2)
+            if batch_idx % 2:
+                self.opt.step()
+                self.opt.zero_grad()
+
+    module, cb = ManualAccumulation(), LinearScalingWarmup("initial", warmup=0, batch_size=32)
+    fit(module, [cb], max_epochs=1)
+    assert cb.scale == 1.0 and module.used == pytest.approx([LR] * 2)
+
+
 def test_initial_reference_is_restored_from_a_checkpoint():
     cb = LinearScalingWarmup("initial")
     cb.load_state_dict({"seed": None, "updates": [3], "initial_reference": 64})
@@ -684,6 +750,22 @@ def test_a_fraction_warmup_resumed_mid_warmup_continues_the_same_sequence(tmp_pa
     assert resumed.used == pytest.approx(full.used[5:], rel=1e-12)
     factors = [u / lr for u, lr in zip(full.used, scheduled_lrs("cosine", 12), strict=True)]
     assert factors == pytest.approx([1 + u / 9 for u in range(9)] + [2.0] * 3)  # mid-ramp at the checkpoint
+
+
+def test_a_resume_at_an_epoch_end_under_an_accumulation_schedule_does_not_warn(tmp_path):
+    # the global batch doubles with the schedule's accumulation: the checkpoint's was taken for a change of batch
+    def run(ckpt_path=None, save=False):
+        module = WarmupModule("none")
+        saving = [ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1)] if save else []
+        callbacks = [GradientAccumulationScheduler({0: 1, 1: 2}), LinearScalingWarmup(8, warmup=0), *saving]
+        trainer(callbacks=callbacks, max_epochs=2, enable_checkpointing=save).fit(module, ckpt_path=ckpt_path)
+        return module.used
+
+    full = run(save=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)  # "the checkpoint's run had a global batch of 16, ..."
+        resumed = run(ckpt_path=str(tmp_path / "epoch=0-step=4.ckpt"))
+    assert resumed == pytest.approx(full[4:]) and full == pytest.approx([LR * 2] * 4 + [LR * 4] * 2)
 
 
 class ResumableAccumulationScheduler(GradientAccumulationScheduler):

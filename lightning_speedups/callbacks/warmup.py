@@ -146,6 +146,7 @@ class LinearScalingWarmup(SpeedupCallback):
         self._pending: dict[int, list[Any] | None] = {}
         self._pending_share: dict[int, float] = {}
         self._written: dict[int, list[Any]] = {}  # the scaled learning rates set, to tell if they were changed since
+        self._written_values: dict[int, list[Any]] = {}  # and their values then (a tensor lr may be filled in place)
         self._skipped: set[int] = set()  # optimizers whose closure returned None (a skipped `training_step`)
         self._automatic = True
         self._weight_averaging = False
@@ -192,7 +193,8 @@ class LinearScalingWarmup(SpeedupCallback):
             # A second fit on the same Trainer continues the warmup where the first left it (its updates and the
             # share of the warmup they did: recounting them at the current updates per epoch could jump ahead);
             # any other fit starts afresh. A checkpoint's count, if any, is loaded after this.
-            if self.__dict__.get("_ended_fit") != (id(trainer), trainer.global_step) or not trainer.global_step:
+            continuing = self.__dict__.get("_ended_fit") == (id(trainer), trainer.global_step) and trainer.global_step
+            if not continuing:
                 self._updates = None
                 self._done = None
             self._ended_fit = None
@@ -202,8 +204,12 @@ class LinearScalingWarmup(SpeedupCallback):
             if self._keep_reference:  # the fit before only searched the batch size (Tuner.scale_batch_size)
                 self._keep_reference = False
                 return
+            if continuing and self._initial_reference is not None:
+                return  # the batch the first fit started from, not one a BatchSizeFinder set since
             self._initial_reference = None
-            if self.reference_batch_size == "initial" and lightning_hasattr(pl_module, "batch_size"):
+            if self.reference_batch_size == "initial" and self.batch_size is not None:
+                self._initial_reference = self.batch_size * accumulation(trainer)  # the per-device batch given
+            elif self.reference_batch_size == "initial" and lightning_hasattr(pl_module, "batch_size"):
                 # read before BatchSizeFinder (on_fit_start) changes it; a checkpoint's value wins later
                 size = lightning_getattr(pl_module, "batch_size")
                 if isinstance(size, int) and not isinstance(size, bool) and size > 0:
@@ -289,6 +295,7 @@ class LinearScalingWarmup(SpeedupCallback):
             "warmup_done_unit": self.warmup_unit,  # the unit whose shares `warmup_done` tracked
             "initial_reference": self._initial_reference,
             "global_batch": self._plan.global_batch if self._plan is not None else None,
+            "accumulate": self._plan.key[1] if self._plan is not None else None,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -318,8 +325,9 @@ class LinearScalingWarmup(SpeedupCallback):
             self._done = None
         if state_dict.get("initial_reference") is not None:
             self._initial_reference = int(state_dict["initial_reference"])
-        saved_batch = state_dict.get("global_batch")
+        saved_batch, saved_accumulate = state_dict.get("global_batch"), state_dict.get("accumulate")
         self._restored_global_batch = int(saved_batch) if saved_batch is not None else None
+        self._restored_accumulate = int(saved_accumulate) if saved_accumulate else None
 
     def knobs(self) -> dict[str, float]:
         if self._plan is None or self._last_factor is None:
@@ -378,11 +386,10 @@ class LinearScalingWarmup(SpeedupCallback):
                 if self._scales(i, j, group):
                     group["lr"] = lr * factor  # a new object: a tensor lr is replaced, never changed in place
         self._pending[i] = saved  # None: nothing to restore, but `_post_step` still counts the update
-        lrs = [g["lr"] for g in optimizer.param_groups]
         if saved is not None:
+            lrs = [g["lr"] for g in optimizer.param_groups]
             self._written[i] = lrs  # the objects set: a later write (a scheduler's) replaces them
-        # kept as they are (a tensor lr is read at logging time only: no device sync on every step)
-        self._last_lrs[i] = [_snapshot(lr) for lr in lrs]
+            self._written_values[i] = [_snapshot(lr) for lr in lrs]
 
     def _wrap_closure(
         self, i: int, factor: float, args: Any, kwargs: Any, *, watch: bool = False
@@ -425,6 +432,9 @@ class LinearScalingWarmup(SpeedupCallback):
         if i is None or i not in self._pending:
             return
         share = self._pending_share.pop(i, 0.0)
+        # what this update used (set inside the closure, scaled or not): logged as the effective learning rates,
+        # kept as they are (a tensor lr is read at logging time only: no device sync on every step)
+        self._last_lrs[i] = [_snapshot(g["lr"]) for g in optimizer.param_groups]
         self._restore(i)
         if i in self._skipped:  # the closure returned None: no update, the warmup stays where it was
             self._skipped.discard(i)
@@ -436,6 +446,7 @@ class LinearScalingWarmup(SpeedupCallback):
     def _restore(self, i: int) -> None:
         saved = self._pending.pop(i, None)
         self._written.pop(i, None)
+        self._written_values.pop(i, None)
         if saved is not None:
             for group, lr in zip(self._optimizers[i].param_groups, saved, strict=False):
                 group["lr"] = lr
@@ -458,7 +469,7 @@ class LinearScalingWarmup(SpeedupCallback):
                 self._restore(i)
                 continue
             # another object, or the same tensor filled in place since (torch's schedulers `fill_` a tensor lr)
-            values = self._last_lrs.get(i, [])
+            values = self._written_values.get(i, [])
             changed = any(
                 g["lr"] is not w or (isinstance(w, torch.Tensor) and j < len(values) and not torch.equal(w, values[j]))
                 for j, (g, w) in enumerate(zip(groups, written, strict=False))
@@ -466,6 +477,7 @@ class LinearScalingWarmup(SpeedupCallback):
             if changed:
                 self._pending.pop(i, None)
                 self._written.pop(i, None)
+                self._written_values.pop(i, None)
                 self.warn(
                     f"optimizer {i}'s step raised and the error was caught, so the warmup factor could not be taken "
                     "off its learning rates; they were changed since (a scheduler step?), so that step started from "
@@ -624,6 +636,11 @@ class LinearScalingWarmup(SpeedupCallback):
     def _check_resumed_batch(self, plan: _Plan) -> None:
         """Warn when a resumed run's global batch differs from the checkpoint's: the scale jumps at once."""
         before = self.__dict__.pop("_restored_global_batch", None)
+        accumulate = self.__dict__.pop("_restored_accumulate", None)
+        if before is not None and accumulate:
+            # an accumulation schedule (GradientAccumulationScheduler) moves the global batch on its own: compare the
+            # checkpoint's batch per device and devices, at this epoch's accumulation
+            before = before // accumulate * plan.key[1]
         if before is None or before == plan.global_batch:
             return
         old_scale = batch_scale(before, self._reference(), self.rule)
