@@ -290,6 +290,7 @@ class SpeedupCallback(Callback):
         reached = self.progress(trainer) if self._total_steps is not None else 0.0
         clock = _clock(trainer)
         self._anchor = (clock, reached) if reached > 0.0 else (0, 0.0)
+        self._anchor_epoch = trainer.current_epoch  # the epoch that starts at the anchor's step
         self._total_steps = run_length(
             trainer,
             from_epoch=trainer.current_epoch,
@@ -531,6 +532,7 @@ class SpeedupCallback(Callback):
         # a new fit works its run length out again (an override of `on_train_start` without `super()` included):
         # nothing is kept from an earlier fit of this instance
         self._total_steps, self._epochs_bound, self._anchor = None, None, (0, 0.0)
+        self._anchor_epoch: int | None = None
         # each fit takes the process seed anew (unless one was given); a resume then restores the saved one
         if self._given_seed is not None:
             self.seed = self._given_seed

@@ -128,6 +128,49 @@ def test_exact_under_a_gradient_accumulation_scheduler():
     assert len({size for _, size, _, _ in model.steps}) == 3
 
 
+class ChangingLength(PipelineData):
+    """A training set whose length changes at each reload: 64, 32, 64, 64 samples."""
+
+    def get_train_dataset(self):
+        epoch = self.trainer.fit_loop.epoch_progress.current.processed if self.trainer is not None else 0
+        return TransformedImages((64, 32, 64, 64)[min(epoch, 3)], self.transform)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_exact_when_a_reloaded_loader_changes_length(workers):
+    # the pipeline counted every earlier epoch at the new length: 12 -> 8 -> 12 px, then full size early
+    model = PipelineRecorder()
+    cb = ProgressiveResizing(0.5, 0.0, 0.0, mode="pipeline", validation="full")
+    t = trainer(callbacks=[cb], max_epochs=4, max_steps=20, reload_dataloaders_every_n_epochs=1, limit_val_batches=0)
+    t.fit(model, datamodule=ChangingLength(num_workers=workers))
+    assert t.global_step == 20
+    assert all(size == on_device for _, size, on_device, _ in model.steps), model.steps
+    sizes = [size[0] for _, size, _, _ in model.steps]
+    assert sizes == sorted(sizes) and sizes[0] == 8 and sizes[-1] == 16  # it never shrinks again
+
+
+def test_uint8_images_validate_at_the_training_size_in_their_own_dtype():
+    # the workers resize uint8 as torchvision does; validation at the training size raised at the first validation
+    class Bytes(PipelineData):
+        def setup(self, stage):
+            super().setup(stage)
+            for data in (self.train_dataset, self.val_dataset):
+                data.x = (data.x.clamp(0, 1) * 255).to(torch.uint8)
+
+    class FloatsIn(PipelineRecorder):
+        def forward(self, x):
+            return self.net(x.float() / 255)
+
+        def validation_step(self, batch, batch_idx):
+            assert batch[0].dtype == torch.uint8
+            super().validation_step(batch, batch_idx)
+
+    model = FloatsIn()
+    cb = ProgressiveResizing(0.5, 0.5, 0.2, mode="pipeline")  # validation: "auto", the training size here
+    trainer(callbacks=[cb], max_epochs=2).fit(model, datamodule=Bytes(n=32, num_workers=0))
+    assert model.val_sizes == [(8, 8), (8, 8), (16, 16), (16, 16)]
+
+
 def test_exact_under_manual_optimization_with_two_optimizers_and_max_steps():
     """Lightning's global step counts both optimizers' steps: max_steps=40 is 20 batches, and the pipeline's sizes
     must follow the on-device schedule over those 20 batches (not stay small as if there were 40)."""

@@ -356,6 +356,44 @@ def test_recalibration_errors_clearly_and_takes_a_custom_forward():
     assert cb.recalibrations == 1
 
 
+@pytest.mark.parametrize("mixup_first", [True, False])
+def test_recalibration_sees_the_images_as_they_came_not_mixed(mixup_first):
+    # with a MixUp before it, the cached images were the mixed ones: statistics of data validation never sees
+    from lightning_speedups import MixUp
+
+    seen = []
+
+    def record(module, images):
+        seen.append(images.clone())
+        return module(images)
+
+    cb = ProgressiveResizing(0.5, 1.0, 0.0, mode="crop", validation="recalibrate", calibration_forward=record)
+    mixup = MixUp(alpha=1.0, num_classes=NUM_CLASSES)
+    train, val = loaders("list", size=SIZE)
+    trainer(callbacks=[mixup, cb] if mixup_first else [cb, mixup], max_epochs=1).fit(SizeRecorder(), train, val)
+    raw = torch.cat([x for x, _ in train])
+    calibration = torch.cat(seen[1:])  # after the fit-start check of two images
+    assert cb.recalibrations == 1 and len(calibration) == len(raw)
+    assert all((raw == image).flatten(1).all(1).any() for image in calibration)  # each one a sample as it came
+
+
+def test_recalibration_leaves_the_runs_random_draws_alone():
+    # a forward that draws in eval mode (noise injection): the recalibration's forwards moved the global generator
+    class Noisy(SizeRecorder):
+        def forward(self, x):
+            h = F.relu(self.net.bn(self.net.conv(x)))
+            return self.net.fc((h + 0.01 * torch.randn_like(h)).mean((2, 3)))
+
+    weights = {}
+    for validation in ("full", "recalibrate"):
+        seed_everything(0)
+        model = Noisy()
+        cb = ProgressiveResizing(0.5, 1.0, 0.0, mode="crop", validation=validation, seed=1)
+        trainer(callbacks=[cb], max_epochs=1, val_check_interval=2).fit(model, *loaders("list", size=SIZE))
+        weights[validation] = model.net.conv.weight.detach().clone()
+    assert cb.recalibrations >= 1 and torch.equal(weights["full"], weights["recalibrate"])
+
+
 class FrozenAndHead(SizeRecorder):
     """A BatchNorm frozen in eval mode (pretrained statistics 0.7) and a BatchNorm'd head that `forward` skips."""
 

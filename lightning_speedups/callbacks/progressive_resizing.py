@@ -290,6 +290,12 @@ class ProgressiveResizing(SpeedupCallback):
         return 0.0 if self.ramp is not None else self.progress(trainer)
 
     # ------------------------------------------------------------------ on the device
+    def observe_training_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
+        """Keep the training images as they came, before any callback changed them (a MixUp before this one
+        included): what recalibration re-estimates the BatchNorm statistics from, as validation sees data."""
+        if self.mode != "pipeline" and not self._settled and self.val_remedy == "recalibrate" and self._has_bn:
+            self._cache.append(self.fields.get_input(batch))  # a reference: the seam never mutates batches
+
     def transform_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
         if self._settled:  # full size until the end of this fit: nothing to work out per batch
             return batch
@@ -318,8 +324,6 @@ class ProgressiveResizing(SpeedupCallback):
         if self.mode == "pipeline":
             self._size = full  # the pipeline already made it; full-size batches are loaded when needed
             return batch
-        if self.val_remedy == "recalibrate" and self._has_bn:
-            self._cache.append(x)  # a reference: the seam never mutates batches
         size = plan.size_for(full)
         self._full, self._size = full, size
         if size == full:
@@ -380,6 +384,13 @@ class ProgressiveResizing(SpeedupCallback):
             lefts = torch.full((x.shape[0],), (full[1] - size[1]) // 2)
             new_x = crop_at(x, size, tops, lefts)
             new_target = crop_at(target, size, tops, lefts) if target is not None else None
+        elif self.interpolation != "nearest" and not x.is_floating_point() and x.dtype != torch.bool:
+            # integer images (the pipeline mode resizes uint8 in its workers, as torchvision does): interpolated in
+            # float, then rounded back to their own dtype
+            info = torch.iinfo(x.dtype)
+            resized = resize_images(x.float(), size, self.interpolation, self.antialias)
+            new_x = resized.round_().clamp_(info.min, info.max).to(x.dtype)
+            new_target = resize_masks(target, size, self.interpolation) if target is not None else None
         else:
             new_x = resize_images(x, size, self.interpolation, self.antialias)
             new_target = resize_masks(target, size, self.interpolation) if target is not None else None
@@ -439,6 +450,16 @@ class ProgressiveResizing(SpeedupCallback):
             batches, total = self._steps(trainer, loader_batches)
             counts = self._epoch_counts[key] = (epoch_steps(trainer, batches, range(epoch)), total)
         before, total = counts
+        step0, p0 = self._anchor
+        since = self.__dict__.get("_anchor_epoch")
+        if (step0, p0) != (0, 0.0) and since is not None and epoch >= since and self._total_steps is not None:
+            # a loader reloaded with another length (set at this epoch's start, before its sampler runs): as the
+            # on-device schedule, the progress reached stands and the steps left spread the rest
+            batches = self._steps(trainer, loader_batches)[0]
+            step = step0 + epoch_steps(trainer, batches, range(since, epoch)) + batch // accumulation(trainer, epoch)
+            total = self._total_steps
+            progress = 1.0 if total <= step0 else min(1.0, max(p0, p0 + (1.0 - p0) * (step - step0) / (total - step0)))
+            return self.plan_at(progress, epoch)
         step = before + batch // accumulation(trainer, epoch)
         progress = 1.0 if total <= 0 else min(1.0, step / total)
         return self.plan_at(progress, epoch)
@@ -561,7 +582,8 @@ class ProgressiveResizing(SpeedupCallback):
         forward = self._forward
         unreached: list[nn.Module] = []
         try:
-            with trainer.precision_plugin.forward_context():
+            # a forward that draws random numbers must not move the run's generators: training stays as without us
+            with trainer.precision_plugin.forward_context(), global_rng_kept():
                 recalibrate_batchnorm(pl_module, inputs, forward, layers=self._trained_bn, unreached=unreached)
         except Exception as err:
             self._restore()
