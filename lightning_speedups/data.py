@@ -110,6 +110,11 @@ class ResumableDataLoader(DataLoader):
         # constructor arguments (e.g. with another sampler under `overfit_batches`), and the rebuilt one must
         # still record its position.
         super().__init__(*args, **kwargs)
+        if self.batch_size is None and isinstance(getattr(self.batch_sampler, "sampler", None), DistributedSampler):
+            # `sampler` is then a default SequentialSampler nobody iterates, which Lightning takes for the loader's
+            # order: under DDP it would swap the batch sampler's own sampler (ours, already sharded) for its
+            # DistributedSampler, silently. Showing ours there lets Lightning leave it alone.
+            object.__setattr__(self, "sampler", self.batch_sampler.sampler)  # DataLoader refuses a plain set
         self.speedups_datamodule = speedups_datamodule
         if speedups_datamodule is not None:
             # the datamodule's training loader, wherever it was built (its own `train_dataloader` or a user's
@@ -292,10 +297,12 @@ def default_num_workers(dataset: Dataset, processes_per_node: int = 1) -> int:
     """Worker processes for a training loader: none for in-memory tensors, else a share of the CPUs.
 
     A ``TensorDataset`` is plain indexing: worker processes would only add inter-process copies; so is a
-    ``Subset`` of one (what ``random_split`` returns) or a ``ConcatDataset`` of them. Otherwise each training
-    process gets its share of the CPUs, minus one for the process itself, at most 8.
+    ``Subset`` of one (what ``random_split`` returns) or a ``ConcatDataset`` of them. An ``IterableDataset`` gets
+    none either: each worker would iterate the whole stream unless it splits itself by ``get_worker_info()``
+    (give ``num_workers`` for one that does). Otherwise each training process gets its share of the CPUs, minus one
+    for the process itself, at most 8.
     """
-    if _in_memory_tensors(dataset):
+    if _in_memory_tensors(dataset) or isinstance(dataset, IterableDataset):
         return 0
     return max(0, min(8, available_cpus() // max(1, processes_per_node) - 1))
 
@@ -362,6 +369,11 @@ class SpeedupDataModule(pl.LightningDataModule):
         self.pin_memory = pin_memory
         self.persistent_workers = bool(persistent_workers)
         self.drop_last = bool(drop_last)
+        if self.batch_size is None and self.drop_last:
+            raise ValueError(
+                "`drop_last=True` needs a `batch_size`: with batch_size=None each sample is a batch of its own, so "
+                "there is no incomplete batch to drop. Set `batch_size`, or leave drop_last=False."
+            )
         self.shuffle = bool(shuffle)
         self.seed = _checks.optional_int("seed", seed, minimum=0)
         self.collate_fn = collate_fn
@@ -440,11 +452,18 @@ class SpeedupDataModule(pl.LightningDataModule):
         """The training sampler: a sampling callback's, else a per-epoch seeded shuffle sharded over ranks."""
         ctx = self._sampler_context()
         providers = self.sampler_providers()
+        if providers and not self.shuffle:
+            rank_zero_warn(
+                f"{type(self).__name__}(shuffle=False) is ignored: "
+                f"{', '.join(type(p).__name__ for p in providers)} orders the training data. Remove the sampling "
+                "callback for a fixed order.",
+                category=SpeedupWarning,
+            )
         if len(providers) > 1:  # composing callbacks add to one plan; any other pair is refused there
             from lightning_speedups.samplers import build_train_sampler
 
             return build_train_sampler(providers, self, dataset, **ctx)
-        if providers:
+        if len(providers) == 1:
             return providers[0].make_train_sampler(self, dataset, **ctx)
         return EpochShuffleSampler(
             dataset,

@@ -290,6 +290,23 @@ def test_an_iterable_dataset_is_refused_with_a_message():
         dm.train_dataloader()
 
 
+def test_an_evaluation_stream_gets_no_workers_by_default(monkeypatch):
+    # each default worker (CPUs - 1) iterated the whole stream: every sample validated once per worker
+    import lightning_speedups.data as data
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(10))
+
+    monkeypatch.setattr(data, "available_cpus", lambda: 4)
+    dm = SpeedupDataModule(batch_size=2)
+    assert dm.eval_dataloader(Stream()).num_workers == 0
+    assert sorted(int(i) for batch in dm.eval_dataloader(Stream()) for i in batch) == list(range(10))
+    assert SpeedupDataModule(batch_size=2, num_workers=2).eval_dataloader(Stream()).num_workers == 2  # asked for
+    with pytest.raises(ValueError, match="`drop_last=True` needs a `batch_size`"):
+        SpeedupDataModule(batch_size=None, drop_last=True)
+
+
 def test_an_id_column_part_and_an_ids_part_of_a_concat_are_ids():
     from lightning_speedups.data import dataset_labels
 
@@ -360,6 +377,20 @@ def test_a_users_own_resumable_loader_resumes_where_the_run_stopped(tmp_path, st
         resumed = run(ckpt_path=str(ckpt))
     assert full.seen[2:4] != full.seen[step : step + 2]
     assert resumed.seen == full.seen[step:]
+
+
+def test_a_batch_sampler_around_our_sampler_shows_it_to_lightning():
+    # Lightning reads `loader.sampler` (a default SequentialSampler beside a batch sampler) to decide whether to
+    # replace the order under DDP: it swapped our sharded sampler for its own DistributedSampler (checked on 2
+    # ddp_spawn processes: the seeded order, the sampling callbacks and the resume position were lost)
+    dm = OwnLoaderDM(batch_sampler=True, n=32, batch_size=8, seed=0)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert isinstance(loader.sampler, torch.utils.data.DistributedSampler)
+    assert loader.sampler is loader.batch_sampler.sampler is loader.order_sampler
+    assert [b[0].flatten().long().tolist() for b in loader] == [
+        [int(i) for i in batch] for batch in loader.batch_sampler
+    ]
 
 
 def seeded_epoch(tmp_path, global_seed, callbacks, datamodule, ckpt_path=None):

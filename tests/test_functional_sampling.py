@@ -96,8 +96,10 @@ def test_bad_labels(labels, match):
 
 
 def test_bad_threshold():
-    with pytest.raises(ValueError, match="`threshold` must be > 0"):
+    with pytest.raises(ValueError, match=r"`threshold` must be a finite number > 0, got 0\.0"):
         fs.repeat_factors([0, 1], threshold=0.0)
+    with pytest.raises(ValueError, match="`threshold` must be a finite number > 0, got inf"):
+        fs.repeat_factors([[0], [1]], threshold=float("inf"))  # inf factors, then an OverflowError
 
 
 def test_stochastic_rounding_is_unbiased():

@@ -509,6 +509,13 @@ def test_changed_labels_warn_on_resume_and_only_then(tmp_path):
         run(rfs)  # a later fresh fit of the same callback has nothing to compare against
 
 
+def test_shuffle_false_beside_a_sampling_callback_is_said_to_be_ignored():
+    with pytest.warns(SpeedupWarning, match=r"IndexDM\(shuffle=False\) is ignored: RepeatFactorSampling orders"):
+        trainer(callbacks=[RepeatFactorSampling(threshold=0.1)], max_steps=1).fit(
+            IndexModel(80), datamodule=IndexDM(80, shuffle=False)
+        )
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 
 

@@ -193,8 +193,8 @@ def class_frequencies(labels: Any) -> tuple[np.ndarray, np.ndarray]:
 
 def class_repeat_factors(frequencies: np.ndarray, threshold: float, *, sqrt: bool = True) -> np.ndarray:
     """``r(c) = max(1, sqrt(t / f(c)))`` (or ``max(1, t / f(c))`` with ``sqrt=False``); 1 where ``f(c) = 0``."""
-    if not threshold > 0:
-        raise ValueError(f"`threshold` must be > 0, got {threshold!r}.")
+    if not (threshold > 0 and math.isfinite(threshold)):
+        raise ValueError(f"`threshold` must be a finite number > 0, got {threshold!r}.")
     f = np.asarray(frequencies, dtype=np.float64)
     ratio = np.divide(threshold, f, out=np.ones_like(f), where=f > 0)
     return np.maximum(1.0, np.sqrt(ratio) if sqrt else ratio)
