@@ -506,6 +506,8 @@ class SpeedupCallback(Callback):
         state: dict[str, Any] = {"seed": self.seed}
         if self._anchor != (0, 0.0) and self._total_steps is not None:  # only after a reload moved it
             state["progress"] = {"total_steps": self._total_steps, "anchor": list(self._anchor)}
+            if self.__dict__.get("_anchor_epoch") is not None:
+                state["progress"]["anchor_epoch"] = self._anchor_epoch
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -514,6 +516,8 @@ class SpeedupCallback(Callback):
         if saved is not None:
             step0, p0 = saved["anchor"]
             self._loaded_progress = (float(saved["total_steps"]), (int(step0), float(p0)))
+            epoch = saved.get("anchor_epoch")
+            self._loaded_anchor_epoch = int(epoch) if epoch is not None else None
 
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -600,6 +604,7 @@ class SpeedupCallback(Callback):
         if self._loaded_progress is not None and trainer.reload_dataloaders_every_n_epochs:
             # resumed after a reload: the earlier epochs' lengths are gone, the checkpoint kept where they led
             self._total_steps, self._anchor = self._loaded_progress
+            self._anchor_epoch = self.__dict__.get("_loaded_anchor_epoch")  # a resume mid-epoch has no epoch start
         self._loaded_progress = None
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

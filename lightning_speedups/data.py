@@ -110,11 +110,13 @@ class ResumableDataLoader(DataLoader):
         # constructor arguments (e.g. with another sampler under `overfit_batches`), and the rebuilt one must
         # still record its position.
         super().__init__(*args, **kwargs)
-        if self.batch_size is None and isinstance(getattr(self.batch_sampler, "sampler", None), DistributedSampler):
+        inner = getattr(self.batch_sampler, "sampler", None)
+        if self.batch_size is None and isinstance(inner, DistributedSampler) and inner.num_replicas > 1:
             # `sampler` is then a default SequentialSampler nobody iterates, which Lightning takes for the loader's
             # order: under DDP it would swap the batch sampler's own sampler (ours, already sharded) for its
-            # DistributedSampler, silently. Showing ours there lets Lightning leave it alone.
-            object.__setattr__(self, "sampler", self.batch_sampler.sampler)  # DataLoader refuses a plain set
+            # DistributedSampler, silently. Showing ours there lets Lightning leave it alone. (On one device
+            # nothing is swapped, and a rebuild for `overfit_batches` keeps the batch sampler as it is.)
+            object.__setattr__(self, "sampler", inner)  # DataLoader refuses a plain set
         self.speedups_datamodule = speedups_datamodule
         if speedups_datamodule is not None:
             # the datamodule's training loader, wherever it was built (its own `train_dataloader` or a user's

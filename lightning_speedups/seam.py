@@ -14,9 +14,9 @@ Training batches that must reach ``training_step`` as they come (StochasticWeigh
 the trial steps of Lightning's batch size and learning-rate finders) skip ``transform_batch``; a registered
 callback that defines ``passthrough_batch(trainer, pl_module, batch)`` is handed them instead, to add what
 ``training_step`` reads beside the technique's output (the original labels under ``hard_target_key``). One that
-defines ``observe_training_batch(trainer, pl_module, batch)`` sees each training batch as it came, before any
-callback transformed it (``ProgressiveResizing`` keeps its images to re-estimate BatchNorm statistics: data as
-validation sees it, not mixed).
+defines ``observe_training_batch(trainer, pl_module, batch)`` sees each training batch as validation would see it:
+before the training transforms, through the callbacks' ``transform_validation_batch`` (``ProgressiveResizing``
+keeps its images to re-estimate BatchNorm statistics: data not mixed, normalised as validation's).
 
 The wrapper is installed once per strategy however many callbacks use it, and removed when the last one
 tears down, leaving the strategy exactly as it was.
@@ -57,6 +57,7 @@ class BatchTransformSeam:
         self._idle: list[Callable[..., Any]] = []
         # `observe_training_batch` of the active callbacks: handed each training batch before any transform
         self._observers: list[Callable[..., Any]] = []
+        self._validation_hooks: list[Callable[..., Any]] = []
         self._weight_averaging = False
 
     def __call__(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
@@ -88,8 +89,12 @@ class BatchTransformSeam:
                         if batch is None:
                             _returned_none(callback, "passthrough_batch")
                 return batch
-            for observe in self._observers:
-                observe(trainer, pl_module, batch)
+            if self._observers:  # the batch as validation would see it: through the validation transforms
+                view = batch
+                for hook in self._validation_hooks:
+                    view = hook(trainer, pl_module, view)
+                for observe in self._observers:
+                    observe(trainer, pl_module, view)
             for callback in self._active:
                 batch = callback.transform_batch(trainer, pl_module, batch)
                 if batch is None:
@@ -118,6 +123,8 @@ class BatchTransformSeam:
         self._idle = [hook for hook in idle if callable(hook)]
         observers = (getattr(cb, "observe_training_batch", None) for cb in self._active)
         self._observers = [hook for hook in observers if callable(hook)]
+        validation = (getattr(cb, "transform_validation_batch", None) for cb in self._active)
+        self._validation_hooks = [hook for hook in validation if callable(hook)]
         self._active_for = callbacks
         self._weight_averaging = has_weight_averaging(self.trainer)
 

@@ -379,18 +379,23 @@ def test_a_users_own_resumable_loader_resumes_where_the_run_stopped(tmp_path, st
     assert resumed.seen == full.seen[step:]
 
 
-def test_a_batch_sampler_around_our_sampler_shows_it_to_lightning():
+def test_a_batch_sampler_around_our_sharded_sampler_shows_it_to_lightning():
     # Lightning reads `loader.sampler` (a default SequentialSampler beside a batch sampler) to decide whether to
     # replace the order under DDP: it swapped our sharded sampler for its own DistributedSampler (checked on 2
     # ddp_spawn processes: the seeded order, the sampling callbacks and the resume position were lost)
-    dm = OwnLoaderDM(batch_sampler=True, n=32, batch_size=8, seed=0)
-    dm.setup("fit")
-    loader = dm.train_dataloader()
-    assert isinstance(loader.sampler, torch.utils.data.DistributedSampler)
-    assert loader.sampler is loader.batch_sampler.sampler is loader.order_sampler
-    assert [b[0].flatten().long().tolist() for b in loader] == [
-        [int(i) for i in batch] for batch in loader.batch_sampler
-    ]
+    from lightning_speedups.data import EpochShuffleSampler
+
+    dataset = TensorDataset(torch.arange(32).float().unsqueeze(1), torch.arange(32) % 4)
+    shard = EpochShuffleSampler(dataset, num_replicas=2, rank=1, seed=0)
+    loader = ResumableDataLoader(dataset, batch_sampler=torch.utils.data.BatchSampler(shard, 4, drop_last=False))
+    assert loader.sampler is shard is loader.order_sampler
+    seen = [b[0].flatten().long().tolist() for b in loader]
+    assert seen == [[int(i) for i in batch] for batch in loader.batch_sampler]
+    # on one device nothing is swapped: the default stays, and Lightning's rebuild for overfit_batches keeps the
+    # batch sampler (shown ours, it was rebuilt without it: batches of 1)
+    single = EpochShuffleSampler(dataset, num_replicas=1, rank=0, seed=0)
+    loader = ResumableDataLoader(dataset, batch_sampler=torch.utils.data.BatchSampler(single, 4, drop_last=False))
+    assert isinstance(loader.sampler, torch.utils.data.SequentialSampler) and loader.order_sampler is single
 
 
 def seeded_epoch(tmp_path, global_seed, callbacks, datamodule, ckpt_path=None):

@@ -149,6 +149,30 @@ def test_exact_when_a_reloaded_loader_changes_length(workers):
     assert sizes == sorted(sizes) and sizes[0] == 8 and sizes[-1] == 16  # it never shrinks again
 
 
+def test_a_resume_mid_epoch_after_a_reload_of_another_length_keeps_the_pipeline_on_the_schedule(tmp_path):
+    # Lightning runs no epoch start for the resumed epoch: the anchor's epoch comes from the checkpoint
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def run(ckpt_path=None):
+        model = PipelineRecorder()
+        cb = ProgressiveResizing(0.5, 0.0, 0.0, mode="pipeline", validation="full")
+        saving = [] if ckpt_path else [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=14, save_top_k=-1)]
+        t = trainer(
+            callbacks=[cb, *saving],
+            max_epochs=4,
+            max_steps=20,
+            reload_dataloaders_every_n_epochs=1,
+            limit_val_batches=0,
+            enable_checkpointing=not ckpt_path,
+        )
+        t.fit(model, datamodule=ChangingLength(num_workers=0), ckpt_path=ckpt_path)
+        return [(size, on_device) for _, size, on_device, _ in model.steps]
+
+    full = run()
+    resumed = run(str(tmp_path / "epoch=2-step=14.ckpt"))  # mid-epoch 2 (epochs of 8, 4, 8 batches)
+    assert resumed == full[14:] and all(size == on_device for size, on_device in resumed)
+
+
 def test_uint8_images_validate_at_the_training_size_in_their_own_dtype():
     # the workers resize uint8 as torchvision does; validation at the training size raised at the first validation
     class Bytes(PipelineData):

@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_speedups import ProgressiveResizing, SpeedupWarning
+from lightning_speedups import ProgressiveResizing, SpeedupCallback, SpeedupWarning
 from lightning_speedups.functional import progressive_scale, recalibrate_batchnorm, scaled_size
 from tests.helpers import NUM_CLASSES, ImagesDataModule, MemoryLogger, image_tensors, loaders, trainer, unpack
 
@@ -354,6 +354,31 @@ def test_recalibration_errors_clearly_and_takes_a_custom_forward():
     )
     trainer(callbacks=[cb], max_epochs=1).fit(DictForward(), *loaders("list", size=SIZE))
     assert cb.recalibrations == 1
+
+
+class DeviceNormalize(SpeedupCallback):
+    """Preprocessing on the device, of training and validation batches alike: x -> (x - 5) * 10."""
+
+    def transform_batch(self, trainer, pl_module, batch):
+        x, y = batch
+        return [(x - 5.0) * 10.0, y]
+
+    def transform_validation_batch(self, trainer, pl_module, batch):
+        return self.transform_batch(trainer, pl_module, batch)
+
+
+def test_recalibration_sees_the_images_normalised_as_validation_sees_them():
+    seen = []
+
+    def record(module, images):
+        seen.append(images.clone())
+        return module(images)
+
+    cb = ProgressiveResizing(0.5, 1.0, 0.0, mode="crop", validation="recalibrate", calibration_forward=record)
+    train, val = loaders("list", size=SIZE)
+    trainer(callbacks=[DeviceNormalize(), cb], max_epochs=1).fit(SizeRecorder(), train, val)
+    raw = torch.cat([x for x, _ in train])
+    torch.testing.assert_close(torch.cat(seen[1:]).sort(0).values, ((raw - 5.0) * 10.0).sort(0).values)
 
 
 @pytest.mark.parametrize("mixup_first", [True, False])

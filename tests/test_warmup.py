@@ -766,6 +766,12 @@ def test_a_resume_at_an_epoch_end_under_an_accumulation_schedule_does_not_warn(t
         warnings.simplefilter("error", SpeedupWarning)  # "the checkpoint's run had a global batch of 16, ..."
         resumed = run(ckpt_path=str(tmp_path / "epoch=0-step=4.ckpt"))
     assert resumed == pytest.approx(full[4:]) and full == pytest.approx([LR * 2] * 4 + [LR * 4] * 2)
+    # a fixed accumulation changed between the runs is a change of batch: said
+    module = WarmupModule("none")
+    with pytest.warns(SpeedupWarning, match="the checkpoint's run had a global batch of 16, this one has 32"):
+        trainer(callbacks=[LinearScalingWarmup(8, warmup=0)], max_epochs=2, accumulate_grad_batches=2).fit(
+            module, ckpt_path=str(tmp_path / "epoch=0-step=4.ckpt")
+        )
 
 
 class ResumableAccumulationScheduler(GradientAccumulationScheduler):

@@ -290,10 +290,16 @@ class ProgressiveResizing(SpeedupCallback):
         return 0.0 if self.ramp is not None else self.progress(trainer)
 
     # ------------------------------------------------------------------ on the device
-    def observe_training_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
-        """Keep the training images as they came, before any callback changed them (a MixUp before this one
-        included): what recalibration re-estimates the BatchNorm statistics from, as validation sees data."""
-        if self.mode != "pipeline" and not self._settled and self.val_remedy == "recalibrate" and self._has_bn:
+    @property
+    def observe_training_batch(self) -> Callable[[pl.Trainer, pl.LightningModule, Any], None] | None:
+        """The seam's hook that hands over each training batch as validation would see it (not mixed by a MixUp
+        before this one, normalised by a callback that normalises validation too), when recalibration needs one."""
+        wanted = self.mode != "pipeline" and self.val_remedy == "recalibrate" and self._has_bn
+        return self._keep_for_calibration if wanted else None
+
+    def _keep_for_calibration(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
+        """The images recalibration re-estimates the BatchNorm statistics from."""
+        if not self._settled:
             self._cache.append(self.fields.get_input(batch))  # a reference: the seam never mutates batches
 
     def transform_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:

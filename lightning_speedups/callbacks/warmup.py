@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
-from lightning.pytorch.callbacks import BatchSizeFinder
+from lightning.pytorch.callbacks import BatchSizeFinder, GradientAccumulationScheduler
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr
 from torch.optim import Optimizer
@@ -242,7 +242,7 @@ class LinearScalingWarmup(SpeedupCallback):
             # the current updates per epoch.
             self._done = [self._share_from_updates(u, plan) for u in self._updates]
         self._check_length(trainer, plan)
-        self._check_resumed_batch(plan)
+        self._check_resumed_batch(trainer, plan)
         self._check_rule(trainer, plan)
         self._register(trainer)
 
@@ -633,13 +633,14 @@ class LinearScalingWarmup(SpeedupCallback):
                 "rule: `LinearScalingWarmup(rule='sqrt')` (in a preset: `LinearScalingWarmup={'rule': 'sqrt'}`)."
             )
 
-    def _check_resumed_batch(self, plan: _Plan) -> None:
+    def _check_resumed_batch(self, trainer: pl.Trainer, plan: _Plan) -> None:
         """Warn when a resumed run's global batch differs from the checkpoint's: the scale jumps at once."""
         before = self.__dict__.pop("_restored_global_batch", None)
         accumulate = self.__dict__.pop("_restored_accumulate", None)
-        if before is not None and accumulate:
-            # an accumulation schedule (GradientAccumulationScheduler) moves the global batch on its own: compare the
-            # checkpoint's batch per device and devices, at this epoch's accumulation
+        scheduled = any(isinstance(cb, GradientAccumulationScheduler) for cb in trainer.callbacks)
+        if before is not None and accumulate and scheduled:
+            # an accumulation schedule moves the global batch on its own: compare the checkpoint's batch per device
+            # and devices, at this epoch's accumulation
             before = before // accumulate * plan.key[1]
         if before is None or before == plan.global_batch:
             return
