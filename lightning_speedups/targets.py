@@ -15,7 +15,9 @@ working. Some set-ups cannot take them, and we say so at fit start rather than c
 * several training dataloaders (a list, a dict or a ``CombinedLoader`` of them), whose batches nest one batch
   per loader, unless ``batch_getter``/``batch_setter`` read them;
 * training metrics that need hard labels: use :func:`hard_labels` on the target, or keep the original
-  labels with ``hard_target_key=`` on a dict batch.
+  labels with ``hard_target_key=`` on a dict batch. A ``torchmetrics`` metric of the module called on the soft
+  targets during training (``self.train_acc(logits, y)``) gets a warning at its first such call; one fed through
+  ``update`` directly cannot be seen.
 """
 
 from __future__ import annotations
@@ -302,6 +304,45 @@ class TargetTransformCallback(SpeedupCallback):
             )
         if self.transforms_batches and self.fields.getter is None:
             self.check_single_loader(trainer, "training batches with one input and one target")
+        self._watch_metrics(trainer, pl_module)
+
+    def _watch_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Watch the module's torchmetrics metrics for the soft targets: an accuracy fed them reads 0, silently."""
+        self._unwatch_metrics()
+        if not self.transforms_batches:
+            return
+        from torchmetrics import Metric
+
+        self._metric_trainer, self._metric_warned = trainer, False
+        self._metric_hooks = [
+            m.register_forward_pre_hook(self._check_metric_target, with_kwargs=True)
+            for m in pl_module.modules()
+            if isinstance(m, Metric)
+        ]
+
+    def _check_metric_target(self, metric: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        trainer = self.__dict__.get("_metric_trainer")
+        if self._metric_warned or trainer is None or not trainer.training or self._classes is None:
+            return
+        target = args[1] if len(args) > 1 else kwargs.get("target")
+        soft = isinstance(target, Tensor) and target.is_floating_point() and target.ndim == 2
+        if soft and target.shape[-1] == self._classes:
+            self._metric_warned = True
+            self.warn(
+                f"the module's {type(metric).__name__} got this callback's class probabilities (N, "
+                f"{self._classes}) as its target during training; a metric such as accuracy needs the labels "
+                "(on soft targets it reads 0): pass `lightning_speedups.hard_labels(y)`, or keep the labels with "
+                "`hard_target_key=` on a dict batch."
+            )
+
+    def _unwatch_metrics(self) -> None:
+        for handle in self.__dict__.get("_metric_hooks", []):
+            handle.remove()
+        self._metric_hooks, self._metric_trainer = [], None
+
+    def _leave_fit(self, trainer: pl.Trainer) -> None:
+        self._unwatch_metrics()
+        super()._leave_fit(trainer)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         super().on_exception(trainer, pl_module, exception)

@@ -189,6 +189,29 @@ def test_hard_labels_for_training_metrics():
     assert hard_labels(y).shape == (16,)
 
 
+def test_a_torchmetrics_metric_fed_the_soft_targets_is_warned_about():
+    # torchmetrics takes (N, C) float targets without a word, and an accuracy of them reads 0
+    import torchmetrics
+
+    class WithAccuracy(RecordingModule):
+        def __init__(self, hard):
+            super().__init__(record=False)
+            self.hard, self.train_acc = hard, torchmetrics.Accuracy("multiclass", num_classes=C)
+
+        def training_step(self, batch, batch_idx):
+            x, y = unpack(batch)
+            self.train_acc(self(x), hard_labels(y) if self.hard else y)
+            return super().training_step(batch, batch_idx)
+
+    with pytest.warns(SpeedupWarning, match=r"MixUp: the module's MulticlassAccuracy got this callback's class prob"):
+        trainer(callbacks=[MixUp()], max_steps=2).fit(WithAccuracy(hard=False), loaders("list")[0])
+    model = WithAccuracy(hard=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)
+        trainer(callbacks=[MixUp()], max_steps=2).fit(model, loaders("list")[0])
+    assert not model.train_acc._forward_pre_hooks  # taken off at the end of the fit
+
+
 def test_hard_target_key_keeps_the_original_labels():
     seen = []
 

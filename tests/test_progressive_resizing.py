@@ -3,6 +3,7 @@
 import copy
 import pickle
 import sys
+import warnings
 from typing import Any
 
 import pytest
@@ -417,6 +418,29 @@ def test_recalibration_leaves_the_runs_random_draws_alone():
         trainer(callbacks=[cb], max_epochs=1, val_check_interval=2).fit(model, *loaders("list", size=SIZE))
         weights[validation] = model.net.conv.weight.detach().clone()
     assert cb.recalibrations >= 1 and torch.equal(weights["full"], weights["recalibrate"])
+
+
+def test_checkpoint_selection_on_ramp_metrics_is_warned_about_and_full_validation_is_not(tmp_path):
+    # measured with ModelCheckpoint(monitor="val_acc"): the best checkpoint, logged at 0.99 at the training size,
+    # scored 0.12 at full size; nothing said so
+    class LogsLoss(SizeRecorder):
+        def validation_step(self, batch, batch_idx):
+            x, y = unpack(batch)
+            self.log("val_loss", F.cross_entropy(self(x), y))
+
+    selecting = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss")
+    with pytest.warns(
+        SpeedupWarning, match=r"validation runs at the training size, and ModelCheckpoint\(monitor='val_loss'"
+    ):
+        trainer(callbacks=[ProgressiveResizing(), selecting], max_epochs=1, enable_checkpointing=True).fit(
+            LogsLoss(), *loaders("list", size=SIZE)
+        )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*compares those metrics", category=SpeedupWarning)
+        selecting = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss")
+        trainer(
+            callbacks=[ProgressiveResizing(validation="full"), selecting], max_epochs=1, enable_checkpointing=True
+        ).fit(LogsLoss(), *loaders("list", size=SIZE))
 
 
 class FrozenAndHead(SizeRecorder):

@@ -11,6 +11,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.utils.data import Dataset, DistributedSampler, Sampler
@@ -505,12 +506,38 @@ class ProgressiveResizing(SpeedupCallback):
                     "pixels. Put ProgressiveResizing before CutMix in `callbacks`, or use mode='resize'."
                 )
 
+    def _check_monitors(self, trainer: pl.Trainer) -> None:
+        """Checkpoint selection, early stopping or a plateau scheduler on metrics that the ramp's validation
+        measures otherwise than the saved model would score at full size: say so, with the setting that fits."""
+        if self.val_remedy == "full" or (self.ramp is None and self.initial_scale >= 1.0):
+            return
+        monitors = [
+            f"{type(cb).__name__}(monitor={cb.monitor!r})"
+            for cb in trainer.callbacks
+            if isinstance(cb, ModelCheckpoint | EarlyStopping) and getattr(cb, "monitor", None)
+        ]
+        monitors += [f"a scheduler (monitor={c.monitor!r})" for c in trainer.lr_scheduler_configs if c.monitor]
+        if not monitors:
+            return
+        how = (
+            "at the training size"
+            if self.val_remedy == "train_size"
+            else "with BatchNorm statistics re-estimated at full size (a checkpoint keeps the training ones)"
+        )
+        self.warn(
+            f"until the schedule reaches full size, validation runs {how}, and {', '.join(monitors)} compares those "
+            "metrics across the ramp: an early checkpoint can score best yet be poor at full size, or training can "
+            "stop early. For checkpoint selection and early stopping, validation='full' gives the metrics of the "
+            "model as it is saved."
+        )
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._reduced_step_done = False
         self._has_bn = bool(batchnorm_layers(pl_module, lazy=True))  # here: after `configure_model`
         if self.fields.getter is None:
             self.check_single_loader(trainer, "training batches with one image input")
+        self._check_monitors(trainer)
         if self.mode != "pipeline":
             return
         loader = trainer.train_dataloader
