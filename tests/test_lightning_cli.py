@@ -55,6 +55,15 @@ def test_every_callback_by_short_name(short, cls, arg, value):
     assert read == value
 
 
+def test_the_curriculums_loss_scorer_from_the_command_line():
+    # the type of `difficulty` gave jsonargparse no class to build: "Does not validate against any of the Union"
+    from lightning_speedups import LossScore
+
+    c = cli(["--trainer.callbacks+=CurriculumOrdering", "--trainer.callbacks.difficulty=lightning_speedups.LossScore"])
+    (curriculum,) = [cb for cb in c.trainer.callbacks if isinstance(cb, CurriculumOrdering)]
+    assert isinstance(curriculum.difficulty, LossScore)
+
+
 def test_a_bad_callback_argument_fails_before_training_and_names_it():
     with pytest.raises(ValueError, match="`alpha` must be > 0"):
         cli(["--trainer.callbacks+=MixUp", "--trainer.callbacks.alpha=-1"])

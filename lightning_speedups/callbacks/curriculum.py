@@ -145,7 +145,7 @@ class CurriculumOrdering(SpeedupCallback):
         self,
         pacing: str = "linear",
         *,
-        difficulty: np.ndarray | Sequence[float] | Tensor | Scorer | None = None,
+        difficulty: np.ndarray | Sequence[float] | Tensor | LossScore | Scorer | None = None,
         start_fraction: float = 0.2,
         full_at: float = 0.5,
         growth: float = 1.9,
