@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numbers
 import re
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -314,10 +315,11 @@ class TargetTransformCallback(SpeedupCallback):
         from torchmetrics import Metric
 
         self._metric_trainer, self._metric_warned = trainer, False
+        watch = _MetricTargetWatch(self)
         self._metric_hooks = [
-            m.register_forward_pre_hook(self._check_metric_target, with_kwargs=True)
+            m.register_forward_pre_hook(watch, with_kwargs=True)
             for m in pl_module.modules()
-            if isinstance(m, Metric)
+            if isinstance(m, Metric) and _takes_labels(m)
         ]
 
     def _check_metric_target(self, metric: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -559,6 +561,39 @@ class TargetTransformCallback(SpeedupCallback):
 
     def knobs(self) -> dict[str, float]:
         return {"applied": self._applied}
+
+
+def _takes_labels(metric: nn.Module) -> bool:
+    """A torchmetrics classification metric (accuracy, F1, a confusion matrix, ...), whose target is labels; not a
+    divergence or a regression metric, which may take probabilities on purpose."""
+    return any(cls.__module__.startswith("torchmetrics.classification") for cls in type(metric).__mro__)
+
+
+class _MetricTargetWatch:
+    """The forward pre-hook on a metric: calls its callback's check, held weakly. A copy of the module taken
+    meanwhile (an EMA or teacher copy, ``torch.save(model)``) gets an inert hook: neither the callback nor the
+    trainer travels with it."""
+
+    def __init__(self, callback: TargetTransformCallback) -> None:
+        self._callback = weakref.ref(callback)
+
+    def __call__(self, metric: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        callback = self._callback()
+        if callback is not None:
+            callback._check_metric_target(metric, args, kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_InertWatch, ())
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _InertWatch:
+        return _InertWatch()
+
+
+class _InertWatch:
+    """What a copied or unpickled module's metric keeps of the watch: nothing to do."""
+
+    def __call__(self, *args: Any) -> None:
+        return None
 
 
 def _kind(target: Any) -> tuple[Any, ...]:

@@ -1,5 +1,7 @@
 """MixUp, CutMix and LabelSmoothing in real `Trainer.fit` runs on CPU, and their errors."""
 
+import copy
+import pickle
 import warnings
 from typing import Any
 
@@ -205,11 +207,26 @@ def test_a_torchmetrics_metric_fed_the_soft_targets_is_warned_about():
 
     with pytest.warns(SpeedupWarning, match=r"MixUp: the module's MulticlassAccuracy got this callback's class prob"):
         trainer(callbacks=[MixUp()], max_steps=2).fit(WithAccuracy(hard=False), loaders("list")[0])
-    model = WithAccuracy(hard=True)
+    copies = []
+
+    class AlsoDivergence(WithAccuracy):  # a divergence takes probabilities on purpose: no warning for it
+        def __init__(self):
+            super().__init__(hard=True)
+            self.kl = torchmetrics.KLDivergence()
+
+        def training_step(self, batch, batch_idx):
+            copies.append(copy.deepcopy(self))  # an EMA or teacher copy taken mid-fit
+            x, y = unpack(batch)
+            self.kl(F.softmax(self(x), -1).detach(), y)
+            return super().training_step(batch, batch_idx)
+
+    model = AlsoDivergence()
     with warnings.catch_warnings():
         warnings.simplefilter("error", SpeedupWarning)
         trainer(callbacks=[MixUp()], max_steps=2).fit(model, loaders("list")[0])
-    assert not model.train_acc._forward_pre_hooks  # taken off at the end of the fit
+    assert not model.train_acc._forward_pre_hooks and not model.kl._forward_pre_hooks  # off at the end of the fit
+    (watch,) = copies[0].train_acc._forward_pre_hooks.values()  # the copy's is inert: no callback, no trainer in it
+    assert type(watch).__name__ == "_InertWatch" and len(pickle.dumps(watch)) < 100
 
 
 def test_hard_target_key_keeps_the_original_labels():

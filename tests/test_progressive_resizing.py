@@ -424,6 +424,11 @@ def test_checkpoint_selection_on_ramp_metrics_is_warned_about_and_full_validatio
     # measured with ModelCheckpoint(monitor="val_acc"): the best checkpoint, logged at 0.99 at the training size,
     # scored 0.12 at full size; nothing said so
     class LogsLoss(SizeRecorder):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("train_loss", loss)
+            return loss
+
         def validation_step(self, batch, batch_idx):
             x, y = unpack(batch)
             self.log("val_loss", F.cross_entropy(self(x), y))
@@ -441,6 +446,10 @@ def test_checkpoint_selection_on_ramp_metrics_is_warned_about_and_full_validatio
         trainer(
             callbacks=[ProgressiveResizing(validation="full"), selecting], max_epochs=1, enable_checkpointing=True
         ).fit(LogsLoss(), *loaders("list", size=SIZE))
+        on_training = ModelCheckpoint(dirpath=tmp_path, monitor="train_loss")  # measured as trained: no warning
+        trainer(callbacks=[ProgressiveResizing(), on_training], max_epochs=1, enable_checkpointing=True).fit(
+            LogsLoss(), *loaders("list", size=SIZE)
+        )
 
 
 class FrozenAndHead(SizeRecorder):

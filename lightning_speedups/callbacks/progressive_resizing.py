@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor, nn
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
@@ -511,12 +512,20 @@ class ProgressiveResizing(SpeedupCallback):
         measures otherwise than the saved model would score at full size: say so, with the setting that fits."""
         if self.val_remedy == "full" or (self.ramp is None and self.initial_scale >= 1.0):
             return
+        if trainer.limit_val_batches == 0 or not is_overridden("validation_step", trainer.lightning_module):
+            return  # no validation: nothing it measures is monitored
+
+        def validation_metric(key: Any) -> bool:  # a training metric ("train_loss") is measured as trained
+            return isinstance(key, str) and "train" not in key.lower()
+
         monitors = [
             f"{type(cb).__name__}(monitor={cb.monitor!r})"
             for cb in trainer.callbacks
-            if isinstance(cb, ModelCheckpoint | EarlyStopping) and getattr(cb, "monitor", None)
+            if isinstance(cb, ModelCheckpoint | EarlyStopping) and validation_metric(getattr(cb, "monitor", None))
         ]
-        monitors += [f"a scheduler (monitor={c.monitor!r})" for c in trainer.lr_scheduler_configs if c.monitor]
+        monitors += [
+            f"a scheduler (monitor={c.monitor!r})" for c in trainer.lr_scheduler_configs if validation_metric(c.monitor)
+        ]
         if not monitors:
             return
         how = (
