@@ -272,12 +272,19 @@ class SpeedupCallback(Callback):
         bound = self.__dict__.get("_epochs_bound")
         if step0 == 0 and p0 == 0.0:
             return training_progress(trainer, self._total_steps, epochs_bound=bound)
-        total = self._total_steps
-        training_progress(trainer, total, epochs_bound=bound)  # the error for an unbounded run
-        done = 1.0 if total <= step0 else p0 + (1.0 - p0) * (_clock(trainer) - step0) / (total - step0)
+        training_progress(trainer, self._total_steps, epochs_bound=bound)  # the error for an unbounded run
+        done = self._anchored_progress(_clock(trainer))
         if _counts_batches(trainer):
             done = max(done, _max_steps_share(trainer))  # the run may end at max_steps first
         return min(1.0, max(p0, done))
+
+    def _anchored_progress(self, step: float) -> float:
+        """Progress at ``step`` once a reload anchored it (not clipped): the progress reached at the anchor stands,
+        and the steps left to the run's end spread the rest."""
+        step0, p0 = self._anchor
+        total = self._total_steps
+        assert total is not None
+        return 1.0 if total <= step0 else p0 + (1.0 - p0) * (step - step0) / (total - step0)
 
     def _refresh_total_steps(self, trainer: pl.Trainer, *, reloaded: bool = False) -> None:
         # under manual optimization progress also reads the max_epochs bound in batches: worked out here, once

@@ -58,6 +58,8 @@ class BatchTransformSeam:
         # `observe_training_batch` of the active callbacks: handed each training batch before any transform
         self._observers: list[Callable[..., Any]] = []
         self._validation_hooks: list[Callable[..., Any]] = []
+        self._transforms: list[Callable[..., Any]] = []  # `transform_batch` of `_active`
+        self._passthrough: list[Callable[..., Any]] = []  # `passthrough_batch` of `_active`
         self._weight_averaging = False
 
     def __call__(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
@@ -72,43 +74,21 @@ class BatchTransformSeam:
             return batch
         if trainer.callbacks is not self._active_for:
             self._refresh_active()
-        if stage is RunningStage.TRAINING:
-            pl_module = trainer.lightning_module
-            if self._idle:  # before any transform: they keep what the batch holds as it came
-                for hook in self._idle:
-                    batch = hook(trainer, pl_module, batch)
-                    if batch is None:
-                        _returned_none(getattr(hook, "__self__", hook), "passthrough_batch")
-            if self._weight_averaging and updating_batchnorm_only(trainer):
-                # StochasticWeightAveraging's last epoch: forward passes that re-estimate the BatchNorm statistics
-                # of the averaged weights, on the data as validation will see it (not mixed, not resized)
-                for callback in self._active:
-                    hook = getattr(callback, "passthrough_batch", None)
-                    if callable(hook):
-                        batch = hook(trainer, pl_module, batch)
-                        if batch is None:
-                            _returned_none(callback, "passthrough_batch")
-                return batch
-            if self._observers:  # the batch as validation would see it: through the validation transforms
-                view = batch
-                for hook in self._validation_hooks:
-                    view = hook(trainer, pl_module, view)
-                for observe in self._observers:
-                    observe(trainer, pl_module, view)
-            for callback in self._active:
-                batch = callback.transform_batch(trainer, pl_module, batch)
-                if batch is None:
-                    _returned_none(callback, "transform_batch")
-        else:
+        pl_module = trainer.lightning_module
+        if stage is not RunningStage.TRAINING:
             # Optional, for callbacks that change what validation during fit sees (e.g. its image size).
-            pl_module = trainer.lightning_module
-            for callback in self._active:
-                hook = getattr(callback, "transform_validation_batch", None)
-                if callable(hook):
-                    batch = hook(trainer, pl_module, batch)
-                    if batch is None:
-                        _returned_none(callback, "transform_validation_batch")
-        return batch
+            return _chain(self._validation_hooks, trainer, pl_module, batch)
+        if self._idle:  # before any transform: they keep what the batch holds as it came
+            batch = _chain(self._idle, trainer, pl_module, batch)
+        if self._weight_averaging and updating_batchnorm_only(trainer):
+            # StochasticWeightAveraging's last epoch: forward passes that re-estimate the BatchNorm statistics
+            # of the averaged weights, on the data as validation will see it (not mixed, not resized)
+            return _chain(self._passthrough, trainer, pl_module, batch)
+        if self._observers:  # the batch as validation would see it: through the validation transforms
+            view = _chain(self._validation_hooks, trainer, pl_module, batch)
+            for observe in self._observers:
+                observe(trainer, pl_module, view)
+        return _chain(self._transforms, trainer, pl_module, batch)
 
     def _order(self) -> None:
         position = {id(cb): i for i, cb in enumerate(self.trainer.callbacks)}
@@ -119,22 +99,35 @@ class BatchTransformSeam:
         callbacks = self.trainer.callbacks
         present = {id(cb) for cb in callbacks}
         self._active = [cb for cb in self.transforms if id(cb) in present]
-        idle = (getattr(cb, "passthrough_batch", None) for cb in self.transforms if id(cb) not in present)
-        self._idle = [hook for hook in idle if callable(hook)]
-        observers = (getattr(cb, "observe_training_batch", None) for cb in self._active)
-        self._observers = [hook for hook in observers if callable(hook)]
-        validation = (getattr(cb, "transform_validation_batch", None) for cb in self._active)
-        self._validation_hooks = [hook for hook in validation if callable(hook)]
+        absent = [cb for cb in self.transforms if id(cb) not in present]
+        self._transforms = _hooks(self._active, "transform_batch")
+        self._idle = _hooks(absent, "passthrough_batch")
+        self._passthrough = _hooks(self._active, "passthrough_batch")
+        self._observers = _hooks(self._active, "observe_training_batch")
+        self._validation_hooks = _hooks(self._active, "transform_validation_batch")
         self._active_for = callbacks
         self._weight_averaging = has_weight_averaging(self.trainer)
 
 
-def _returned_none(callback: Any, hook: str) -> None:
-    # Lightning takes a None batch for one to skip: every step would be skipped without a word
-    raise TypeError(
-        f"{type(callback).__name__}.{hook} returned None; it must return the batch to use (the new one, or the batch "
-        "it was given, unchanged). A missing `return`?"
-    )
+def _hooks(callbacks: list[Any], name: str) -> list[Callable[..., Any]]:
+    """The callbacks' hooks called ``name``, bound, in callback order (a callback without one, or with ``None``
+    there, has none)."""
+    hooks = (getattr(cb, name, None) for cb in callbacks)
+    return [hook for hook in hooks if callable(hook)]
+
+
+def _chain(hooks: list[Callable[..., Any]], trainer: Any, pl_module: Any, batch: Any) -> Any:
+    """``batch`` through each hook in turn; a hook that returns None is an error that names it."""
+    for hook in hooks:
+        batch = hook(trainer, pl_module, batch)
+        if batch is None:
+            # Lightning takes a None batch for one to skip: every step would be skipped without a word
+            owner = getattr(hook, "__self__", hook)
+            raise TypeError(
+                f"{type(owner).__name__}.{getattr(hook, '__name__', 'hook')} returned None; it must return the batch "
+                "to use (the new one, or the batch it was given, unchanged). A missing `return`?"
+            )
+    return batch
 
 
 def updating_batchnorm_only(trainer: pl.Trainer) -> bool:

@@ -323,21 +323,34 @@ class ScheduledIndexModule(IndexModule):
         return cosine_over_the_run(self)
 
 
-@pytest.mark.parametrize("num_workers", [0, 1])
-@pytest.mark.parametrize("step", [6, 8], ids=["mid-epoch", "epoch-end"])
-def test_resume_when_the_loader_is_built_before_the_restore(tmp_path, step, num_workers):
+def full_and_resumed(tmp_path, step, make_datamodule):
+    """The indices each step saw in a 3-epoch run (checkpoints every 2 steps) and in one resumed from its
+    checkpoint at ``step`` (4 batches per epoch: 6 is mid-epoch 1, 8 its end); resuming must not restart an epoch."""
+
     def run(ckpt_path=None, save=False):
         model = ScheduledIndexModule()
         extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)] if save else []
-        t = trainer(max_epochs=3, callbacks=extra, enable_checkpointing=save)
-        t.fit(model, datamodule=IndexedDM(n=32, batch_size=8, seed=0, num_workers=num_workers), ckpt_path=ckpt_path)
-        return model
+        trainer(max_epochs=3, callbacks=extra, enable_checkpointing=save).fit(
+            model, datamodule=make_datamodule(), ckpt_path=ckpt_path
+        )
+        return model.seen
 
     full = run(save=True)
-    (ckpt,) = tmp_path.glob(f"*step={step}.ckpt")  # 4 batches per epoch: epoch 1, 2 batches in / epoch 1 done
-    resumed = run(ckpt_path=str(ckpt))
-    assert full.seen[2:4] != full.seen[step : step + 2]  # starting the epoch over would show
-    assert resumed.seen == full.seen[step:]
+    (ckpt,) = tmp_path.glob(f"*step={step}.ckpt")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", ".*restarts the epoch", UserWarning)
+        resumed = run(ckpt_path=str(ckpt))
+    assert full[2:4] != full[step : step + 2]  # starting the epoch over would show
+    return full, resumed
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("step", [6, 8], ids=["mid-epoch", "epoch-end"])
+def test_resume_when_the_loader_is_built_before_the_restore(tmp_path, step, num_workers):
+    full, resumed = full_and_resumed(
+        tmp_path, step, lambda: IndexedDM(n=32, batch_size=8, seed=0, num_workers=num_workers)
+    )
+    assert resumed == full[step:]
 
 
 class OwnLoaderDM(IndexedDM):
@@ -362,21 +375,8 @@ class OwnLoaderDM(IndexedDM):
 def test_a_users_own_resumable_loader_resumes_where_the_run_stopped(tmp_path, step, batch_sampler):
     # Its own loader was never registered with the datamodule (the epoch restarted under #20550), and with a batch
     # sampler the position went to the loader's unused default sampler (a wrong warning, epoch 0's order replayed).
-    def run(ckpt_path=None, save=False):
-        model = ScheduledIndexModule()
-        extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)] if save else []
-        t = trainer(max_epochs=3, callbacks=extra, enable_checkpointing=save)
-        dm = OwnLoaderDM(batch_sampler, n=32, batch_size=8, seed=0)
-        t.fit(model, datamodule=dm, ckpt_path=ckpt_path)
-        return model
-
-    full = run(save=True)
-    (ckpt,) = tmp_path.glob(f"*step={step}.ckpt")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", ".*restarts the epoch", UserWarning)
-        resumed = run(ckpt_path=str(ckpt))
-    assert full.seen[2:4] != full.seen[step : step + 2]
-    assert resumed.seen == full.seen[step:]
+    full, resumed = full_and_resumed(tmp_path, step, lambda: OwnLoaderDM(batch_sampler, n=32, batch_size=8, seed=0))
+    assert resumed == full[step:]
 
 
 def test_a_batch_sampler_around_our_sharded_sampler_shows_it_to_lightning():

@@ -456,18 +456,15 @@ class ProgressiveResizing(SpeedupCallback):
         counts = self._epoch_counts.get(key)
         if counts is None:
             batches, total = self._steps(trainer, loader_batches)
-            counts = self._epoch_counts[key] = (epoch_steps(trainer, batches, range(epoch)), total)
-        before, total = counts
+            counts = self._epoch_counts[key] = (epoch_steps(trainer, batches, range(epoch)), total, batches)
+        before, total, batches = counts
         step0, p0 = self._anchor
         since = self.__dict__.get("_anchor_epoch")
         if (step0, p0) != (0, 0.0) and since is not None and epoch >= since and self._total_steps is not None:
             # a loader reloaded with another length (set at this epoch's start, before its sampler runs): as the
             # on-device schedule, the progress reached stands and the steps left spread the rest
-            batches = self._steps(trainer, loader_batches)[0]
             step = step0 + epoch_steps(trainer, batches, range(since, epoch)) + batch // accumulation(trainer, epoch)
-            total = self._total_steps
-            progress = 1.0 if total <= step0 else min(1.0, max(p0, p0 + (1.0 - p0) * (step - step0) / (total - step0)))
-            return self.plan_at(progress, epoch)
+            return self.plan_at(min(1.0, max(p0, self._anchored_progress(step))), epoch)
         step = before + batch // accumulation(trainer, epoch)
         progress = 1.0 if total <= 0 else min(1.0, step / total)
         return self.plan_at(progress, epoch)
