@@ -495,7 +495,12 @@ class SpeedupCallback(Callback):
     def _repr_values(self) -> dict[str, Any]:
         """The values ``__repr__`` shows for the ``__init__`` arguments of the same names; override where a
         setting is kept in another form (a subclass keeps its arguments under their names by default)."""
-        return {**self.__dict__, "seed": self.__dict__.get("_given_seed")}
+        values = {**self.__dict__, "seed": self.__dict__.get("_given_seed")}
+        fields = self.__dict__.get("fields")
+        if fields is not None and hasattr(fields, "getter"):  # the batch's places, kept in one `BatchFields`
+            values.update(input_key=fields.input_key, target_key=fields.target_key)
+            values.update(batch_getter=fields.getter, batch_setter=fields.setter)
+        return values
 
     @property
     def state_key(self) -> str:

@@ -202,6 +202,10 @@ def test_callbacks_show_their_settings_when_printed():
         == "RepeatFactorSampling(threshold=0.01, labels=<list>)"
     )
     assert repr(InputNoise(std=0.5)) == "InputNoise(std=0.5)"  # a user's: `input_key` is kept inside `fields`
+    assert repr(InputNoise(input_key="img")) == "InputNoise(input_key='img')"
+    assert repr(MixUp(input_key="x", target_key=2)) == "MixUp(input_key='x', target_key=2)"
+    ramp = lightning_speedups.ProgressiveResizing(min_res=8, max_res=16, start_ramp=1, end_ramp=3, res_increment=4)
+    assert repr(ramp) == "ProgressiveResizing(min_res=8, max_res=16, start_ramp=1.0, end_ramp=3.0, res_increment=4)"
 
     class Odd:
         def __eq__(self, other):

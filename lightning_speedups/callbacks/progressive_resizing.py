@@ -275,6 +275,12 @@ class ProgressiveResizing(SpeedupCallback):
         increment = _integer("res_increment", res_increment, 1)
         return {"min_res": lo, "max_res": hi, "start_ramp": start, "end_ramp": end, "round_to": increment}
 
+    def _repr_values(self) -> dict[str, Any]:
+        ramp = dict(self.ramp or {})  # the epoch ramp's arguments, kept together
+        if ramp:
+            ramp["res_increment"] = ramp.pop("round_to")
+        return {**super()._repr_values(), **ramp}
+
     # ------------------------------------------------------------------ the schedule
     def plan_at(self, progress: float, epoch: int) -> ResizePlan:
         """The plan at a training ``progress`` (fraction schedule) or ``epoch`` (epoch ramp)."""
