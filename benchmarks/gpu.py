@@ -214,15 +214,20 @@ def measure(quick: bool, batch_size: int = 128, steps: int | None = None) -> dic
 
     info = common.machine()  # before the fits: its load average is the one at the start
     warnings.filterwarnings("ignore")
-    torch.backends.cudnn.benchmark = True
+    # cuDNN picks its kernels per input size in the untimed warm-up steps of each fit; the setting is this
+    # section's only: the digits runs after it meet new sizes inside their timed runs, where tuning would count
+    tuned, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, True
     steps = steps or (30 if quick else 80)
     warmup, rounds = 10, (2 if quick else 5)
     loader = fake_loader(batch_size, max(4, (steps + warmup) // 8))
     variants = make_variants(batch_size)
     times: dict[str, list[float]] = {k: [] for k in variants}
-    for order in common.shuffled_rounds(list(variants), rounds, seed=4):
-        for name in order:
-            times[name].append(fit_steps(variants[name](), loader, steps, warmup))
+    try:
+        for order in common.shuffled_rounds(list(variants), rounds, seed=4):
+            for name in order:
+                times[name].append(fit_steps(variants[name](), loader, steps, warmup))
+    finally:
+        torch.backends.cudnn.benchmark = tuned
     step = {k: statistics.median(v) for k, v in times.items()}
     return {
         "machine": info,

@@ -464,10 +464,10 @@ def measure_loop(rounds: int, steps: int, warmup: int) -> dict[str, dict[str, An
         row["boundary_delta"] = statistics.median(
             r["boundary"] - p["boundary"] for r, p in zip(results, plain, strict=True)
         )
-        # per-epoch work of ours: epoch hooks, plus the epoch list beyond the plain shuffle's
-        row["epoch_ours"] = row["epoch_hooks"] + max(
-            0.0, row["epoch_list"] - statistics.median(p["epoch_list"] for p in plain)
-        )
+        # per-epoch work of ours: epoch hooks, plus, for a sampler, the epoch list beyond the plain shuffle's (for
+        # the others, the same shuffle: a difference there is noise)
+        extra_list = row["epoch_list"] - statistics.median(p["epoch_list"] for p in plain)
+        row["epoch_ours"] = row["epoch_hooks"] + (max(0.0, extra_list) if vs[name].per_epoch else 0.0)
         row["own"] = row["ours"] + row["epoch_ours"] / row["batches"]  # inside our hooks, sampler, seam
         row["dispatch"] = 0.0  # Lightning's calls of our hooks: add_dispatch
         row["cost"] = row["own"]
@@ -593,7 +593,13 @@ def measure_transforms(rounds: int) -> dict[str, float]:
         "ProgressiveResizing (inactive)": ProgressiveResizing(1.0, 0.5, 0.2),
         "ProgressiveResizing (active)": ProgressiveResizing(0.5, 1.0, 0.0),
     }
-    fns = {name: (lambda cb=cb: cb.transform_batch(trainer, None, batch)) for name, cb in callbacks.items()}
+    progress = trainer.fit_loop.epoch_loop.batch_progress.total
+
+    def call(cb: Any) -> Any:
+        progress.completed += 1  # the next batch: fresh draws (a CutMix box of another size), as in a fit
+        return cb.transform_batch(trainer, None, batch)
+
+    fns = {name: (lambda cb=cb: call(cb)) for name, cb in callbacks.items()}
     mixup = callbacks["MixUp (active)"]
     mixup.seed = 0
     perm = torch.randperm(BATCH, generator=g)

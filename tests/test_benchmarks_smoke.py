@@ -175,6 +175,11 @@ def test_time_to_accuracy_goal_is_met_by_any_preset_not_only_the_fastest():
     assert "misses: ≤ 0.3 points below" in none["figure"]
     # a preset without a shortened control (it saves no FLOPs) is judged against the baseline itself
     assert verdict(_verdict("nc", 2.5, 2.5, 0.0, None, None))["met"] is True
+    # quick mode runs one preset: a miss is not measured (another preset might meet it), a pass is met
+    (quick,) = common.parse_goals("\n".join(tta.goal_lines([fast_but_worse], all_presets=False)))
+    assert quick["met"] is None and common.outcome_label(quick) == "quick mode: only fast ran"
+    (quick,) = common.parse_goals("\n".join(tta.goal_lines([slower_ok], all_presets=False)))
+    assert quick["met"] is True
 
 
 def test_time_to_accuracy_shuffles_each_seeds_order_with_the_controls_after_seed_zero(monkeypatch):
@@ -349,3 +354,27 @@ def test_a_failed_section_keeps_its_goals_as_not_measured():
     assert goal["goal"] == "MixUp (active): overhead ≤ 1% of a step" and goal["met"] is None
     assert "the section failed" in goal["figure"]
     assert common.parse_goals(run.failed_block("peers", ValueError("x"), "")) == []  # no earlier run: no goals
+
+
+def test_timed_callback_calls_draw_afresh_each_call(monkeypatch):
+    """The peers and overhead benchmarks time a callback call after call: each must be a new batch's draws (a
+    CutMix box of another size), as in a fit, not the first batch's again."""
+    from benchmarks import overhead, peers
+
+    calls = peers.groups(8, 3, 16, 16, classes=4)
+    for group, name in (
+        ("mixup", "ours: MixUp callback (transform_batch)"),
+        ("cutmix", "ours: CutMix callback (transform_batch)"),
+    ):
+        targets = [calls[group][name]()[1] for _ in range(4)]
+        assert any(not torch.equal(targets[0], t) for t in targets[1:]), name
+
+    seen: list[torch.Tensor] = []
+
+    def record(fns, rounds, **kwargs):
+        seen.extend(fns["CutMix (active)"]()[1] for _ in range(4))
+        return {name: 0.0 for name in fns}
+
+    monkeypatch.setattr(overhead.common, "interleaved", record)
+    overhead.measure_transforms(rounds=1)
+    assert any(not torch.equal(seen[0], t) for t in seen[1:])
