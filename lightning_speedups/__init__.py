@@ -29,6 +29,16 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree without installing
     __version__ = "0.0.0+unknown"
 
+
+def __getattr__(name: str) -> object:
+    # `lightning_speedups.presets` without importing it first, as the docs' `from lightning_speedups import presets`
+    if name == "presets":
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "BatchFieldError",
     "BatchFields",

@@ -90,6 +90,7 @@ class SpeedupCLI(LightningCLI):
                 devices=devices,
                 accelerator=accelerator,
                 strategy=trainer_cfg.get("strategy", "auto"),
+                num_nodes=trainer_cfg.get("num_nodes", 1),
             )
         except ValueError as err:  # e.g. a BatchSizeFinder on several devices: a usage error, said before training
             message = str(err)

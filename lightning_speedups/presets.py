@@ -326,14 +326,17 @@ def _load_entry_points() -> None:
 def _load_each_entry_point() -> list[str]:
     problems: list[str] = []
     found = list(entry_points(group=ENTRY_POINT_GROUP))
-    for ep in found:
+    # the module of each entry point, read from its value: `EntryPoint.module` raises on a malformed value
+    # (`my-plugin.presets`), which `ep.load()` reports as that entry point's problem
+    modules = [ep.value.partition(":")[0].strip() for ep in found]
+    for ep, module in zip(found, modules, strict=True):
         where = f"preset entry point {ep.name!r} ({ep.value})"
         before = dict(_REGISTRY)
         try:
             obj = ep.load()
         except Exception as err:
             # a plug-in that failed half-way registers nothing (another plug-in it imported keeps its own)
-            _roll_back(before, {e.module for e in found if e.module != ep.module})
+            _roll_back(before, {m for m in modules if m != module})
             problems.append(f"Could not load {where}: {err}")
             continue
         for name, preset in before.items():  # a plug-in's import may add presets, never replace one
@@ -406,7 +409,7 @@ def describe(name: str) -> str:
         lines.append("callbacks:")
         lines += [f"  - {cls}({_format_args(args)})" for cls, args in preset.callbacks]
     elif preset.factory is not _no_callbacks:
-        lines.append(f"callbacks: built by {preset.factory.__module__}.{preset.factory.__qualname__}")
+        lines.append(f"callbacks: built by {_where(preset)}")
     else:
         lines.append("callbacks: none")
     lines.append(f"trainer: {_trainer_text(preset)}")
@@ -428,7 +431,9 @@ def _trainer_text(preset: Preset) -> str:
         parts.append("precision for the hardware (bf16-mixed or 16-mixed on CUDA, else 32-true)")
     if "strategy" not in preset.trainer:
         parts.append(
-            "one device only (BatchSizeFinder)" if _has_finder(preset) else "strategy='ddp' on several devices"
+            "one device only (BatchSizeFinder)"
+            if _has_finder(preset)
+            else "Lightning's DDP on several devices ('ddp', or 'ddp_fork' in a notebook)"
         )
     if preset.trainer:
         parts.append(_format_args(preset.trainer))
@@ -452,7 +457,11 @@ def recommended_precision(accelerator: str = "auto") -> str:
     on_cuda = accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available())
     if not on_cuda or not torch.cuda.is_available():
         return "32-true"
-    return "bf16-mixed" if torch.cuda.is_bf16_supported(including_emulation=False) else "16-mixed"
+    try:
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # torch before 2.4 has no `including_emulation`: native bf16 is compute capability 8.0 and up
+        native = torch.cuda.get_device_capability()[0] >= 8
+    return "bf16-mixed" if native else "16-mixed"
 
 
 def _visible_devices(accelerator: str) -> int:

@@ -189,6 +189,9 @@ def test_a_batch_size_finder_preset_on_several_devices_is_a_parser_error(capsys)
     with pytest.raises(SystemExit):
         cli(["--preset=large-batch", "--trainer.strategy=ddp"], cls=SpeedupCLI)
     assert "strategy='ddp'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # several nodes: refused as in Python, before any process starts
+        cli(["--preset=large-batch", "--trainer.num_nodes=2"], cls=SpeedupCLI)
+    assert "num_nodes=2" in capsys.readouterr().err
 
 
 def test_a_function_preset_is_built_once_per_cli_run():

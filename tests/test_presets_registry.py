@@ -1,5 +1,6 @@
 """The preset registry: names, lookup errors, overrides, the decorator, entry points, Trainer settings."""
 
+import functools
 import sys
 import textwrap
 import warnings
@@ -146,6 +147,22 @@ def test_broken_entry_point_warns_and_keeps_the_built_ins(registry, tmp_path, mo
         assert "baseline" in presets.names()
 
 
+def test_a_malformed_entry_point_value_is_warned_about_and_the_other_plugins_still_load(
+    registry, tmp_path, monkeypatch
+):
+    # `my-plugin.presets` (a hyphen) is no module path: `EntryPoint.module` raises on it, which broke every `names()`
+    (tmp_path / "typo_neighbour_presets.py").write_text(
+        "from lightning_speedups.presets import declarative\n"
+        "GOOD = declarative('good-one', 's', 'd', [('MixUp', {})])\n"
+    )
+    monkeypatch.delitem(sys.modules, "typo_neighbour_presets", raising=False)  # imported afresh, dropped after
+    _install_plugin(tmp_path, monkeypatch, "typo", "bad = typo-plugin.presets\nfine = typo_neighbour_presets:GOOD\n")
+    with pytest.warns(UserWarning, match=r"Could not load preset entry point 'bad' \(typo-plugin.presets\)"):
+        known = presets.names()
+    assert "good-one" in known and "vision-mild" in known
+    assert presets.get("good-one").callbacks[0].alpha == 0.2
+
+
 def test_recommended_trainer_settings(monkeypatch):
     assert presets.recommended_precision("cpu") == "32-true"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -155,6 +172,12 @@ def test_recommended_trainer_settings(monkeypatch):
     assert presets.recommended_precision("auto") == "bf16-mixed"
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
     assert presets.recommended_precision("cuda") == "16-mixed"
+    # torch before 2.4 has no `including_emulation`: the compute capability decides (bf16 natively from 8.0)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert presets.recommended_precision("gpu") == "bf16-mixed"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert presets.recommended_precision("gpu") == "16-mixed"
     assert presets.recommended_precision("cpu") == "32-true"
     assert presets.recommended_strategy(1) == "auto"
     assert presets.recommended_strategy(4) == "ddp"
@@ -414,11 +437,20 @@ def test_several_devices_with_a_batch_size_finder_is_refused_up_front():
 
 def test_describe_gives_the_trainer_settings_get_adds(registry):
     assert (
-        "trainer: precision for the hardware (bf16-mixed or 16-mixed on CUDA, else 32-true), strategy='ddp' on several "
-        "devices" in presets.describe("vision-mild")
+        "trainer: precision for the hardware (bf16-mixed or 16-mixed on CUDA, else 32-true), Lightning's DDP on "
+        "several devices ('ddp', or 'ddp_fork' in a notebook)" in presets.describe("vision-mild")
     )
     presets.register(declarative("fixed", "s", "d", [("LabelSmoothing", {})], trainer={"precision": "bf16-mixed"}))
-    assert "trainer: strategy='ddp' on several devices, precision='bf16-mixed'" in presets.describe("fixed")
+    assert "notebook), precision='bf16-mixed'" in presets.describe("fixed")
+
+
+def test_describe_names_a_factory_that_is_not_a_plain_function(registry):
+    def mixing(alpha: float = 0.2):
+        return [MixUp(alpha=alpha)]
+
+    presets.register(presets.Preset("partial-mix", "s", "d", factory=functools.partial(mixing, alpha=0.4)))
+    assert presets.get("partial-mix").callbacks[0].alpha == 0.4
+    assert "callbacks: built by functools.partial" in presets.describe("partial-mix")
 
 
 def test_a_broken_plugin_under_warnings_as_errors_keeps_the_good_plugins(registry, tmp_path, monkeypatch):
@@ -634,3 +666,12 @@ def test_a_presets_trainer_settings_must_be_trainer_arguments(registry):
     with pytest.raises(TypeError, match=r"Preset 'typo-trainer': `trainer` has 'max_epoch'.*Did you mean 'max_epochs'"):
         presets.register(declarative("typo-trainer", "s", "d", [("MixUp", {})], trainer={"max_epoch": 3}))
     assert "typo-trainer" not in presets._REGISTRY
+
+
+def test_presets_is_reachable_as_an_attribute_of_the_package():
+    import subprocess
+
+    code = "import lightning_speedups as ls; print(ls.presets.names()[0]); ls.no_such_name"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "baseline"
+    assert "module 'lightning_speedups' has no attribute 'no_such_name'" in run.stderr
