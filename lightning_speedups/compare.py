@@ -216,6 +216,8 @@ def parse_callback(spec: str) -> Callback:
             arg_text = rest
     except ValueError as err:
         raise CompareError(f"--callback {spec!r}: {err}") from err
+    except Exception as err:  # the callback's module failed as it was imported (a SyntaxError, say)
+        raise CompareError(f"--callback {spec!r}: importing it raised {type(err).__name__}: {err}") from err
     kwargs: dict[str, Any] = {}
     for item in _split_args(spec, arg_text):
         key, eq, raw = item.partition("=")
@@ -265,6 +267,10 @@ def _fmt(args: dict[str, Any]) -> str:
 
 def _recipe(cfg: CompareConfig) -> tuple[str, Callable[[], list[Callback]], dict[str, Any]]:
     """(label, callbacks factory, extra trainer settings) of the arm under test."""
+    if cfg.preset is not None and not cfg.preset.strip():
+        raise CompareError(
+            f"--preset needs a preset's name, got {cfg.preset!r}; `lightning-speedups presets` lists them."
+        )
     for spec in cfg.callbacks:  # fail on bad specs now, not after the baseline trained
         parse_callback(spec)
     if cfg.callbacks and cfg.preset in (None, BASELINE):  # the baseline plus callbacks: those callbacks
@@ -374,14 +380,22 @@ def _check_output(output: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ running
 class _Progress(Callback):
-    """One progress bar over every epoch of every run."""
+    """One progress bar over every epoch of every run: each run moves it by one per validation, ``max_epochs`` at
+    most, and :meth:`finish` tops it up to ``max_epochs`` (a shortened run validates fewer times, a model may
+    validate more often or skip some epochs)."""
 
-    def __init__(self, bar: Any) -> None:
-        self.bar = bar
+    def __init__(self, bar: Any, epochs: int) -> None:
+        self.bar, self.epochs, self.done = bar, epochs, 0
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.sanity_checking and self.bar is not None:
+        if not trainer.sanity_checking and self.bar is not None and self.done < self.epochs:
             self.bar.update(1)
+            self.done += 1
+
+    def finish(self) -> None:
+        if self.bar is not None and self.done < self.epochs:
+            self.bar.update(self.epochs - self.done)
+            self.done = self.epochs
 
 
 class _ValidateAtBudget(Callback):
@@ -414,6 +428,7 @@ def _run(
     if bar is not None:
         bar.set_description(f"repeat {repeat + 1}/{cfg.repeats} · {arm}")
     budget = [_ValidateAtBudget(max_steps)] if max_steps > 0 else []
+    progress = _Progress(bar, 0 if warmup else cfg.max_epochs)
     try:
         # compare's own settings (the run's length, its callbacks, no logger or checkpoints) are every arm's; the
         # recommended precision and strategy give way to those a preset fixes, with its other settings
@@ -427,7 +442,7 @@ def _run(
         trainer = pl.Trainer(
             max_epochs=cfg.max_epochs,
             max_steps=max_steps,
-            callbacks=[*callbacks, *budget, meter, _Progress(bar)],
+            callbacks=[*callbacks, *budget, meter, progress],
             logger=False,
             enable_checkpointing=False,
             enable_progress_bar=False,
@@ -462,23 +477,41 @@ def _run(
         raise CompareError(
             f"the {arm!r} run could not start or stopped: {type(err).__name__}: {err}{_raised_at(err)}.{notes}"
         ) from err
+    except Exception as err:  # anything else the user's model or data raised (a KeyError in a step, say)
+        notes = ""
+        if isinstance(err, AttributeError) and "'NoneType'" in str(err):
+            notes = (
+                " compare trains without a logger, so `self.logger` is None there: guard its use with "
+                "`if self.logger is not None`."
+            )
+        raise CompareError(f"the {arm!r} run stopped: {type(err).__name__}: {err}{_raised_at(err)}.{notes}") from err
     if not meter.history and not (warmup and meter.validations):
         # no metric to compare: the table would be all NaN, and results.json invalid JSON
         raise CompareError(
             f"the {arm!r} run never validated: does the datamodule give validation data (a `val_dataloader` "
             "with batches) and the model a `validation_step` that logs the metric?"
         )
+    progress.finish()
     return RunResult(arm=arm, repeat=repeat, history=list(meter.history), flops=meter.flops, steps=trainer.global_step)
 
 
+_PACKAGE_DIR = str(Path(__file__).resolve().parent)
+
+
 def _raised_at(err: BaseException) -> str:
-    """`` (raised at file:line, in function)``: the innermost frame outside installed packages and the standard
-    library (the user's model, say), else the innermost frame; empty without a traceback."""
-    frames = traceback.extract_tb(err.__traceback__)
+    """`` (raised at file:line, in function)``: the innermost frame of the user's code (outside installed
+    packages, the standard library and this package, wherever it is installed from); empty where there is none
+    (our callbacks' and Lightning's own errors say what is wrong in their message)."""
+    frames = [
+        f
+        for f in traceback.extract_tb(err.__traceback__)
+        if "site-packages" not in f.filename
+        and "/lib/python" not in f.filename
+        and not str(Path(f.filename).resolve()).startswith(_PACKAGE_DIR + os.sep)
+    ]
     if not frames:
         return ""
-    ours = [f for f in frames if "site-packages" not in f.filename and "/lib/python" not in f.filename]
-    frame = (ours or frames)[-1]
+    frame = frames[-1]
     return f" (raised at {frame.filename}:{frame.lineno}, in {frame.name})"
 
 
@@ -590,8 +623,6 @@ def _run_arms(
                 if budget_steps < base.steps:
                     control = _run(BUDGET, repeat, cfg, make_model, make_dm, [], {}, bar, max_steps=budget_steps)
                     runs.append(control)
-                    if bar is not None:  # a shortened run validates fewer times than the epochs the bar counts
-                        bar.update(max(0, cfg.max_epochs - len(control.history)))
                 elif bar is not None:
                     bar.update(cfg.max_epochs)  # the recipe saved no FLOPs: nothing to control for
     finally:

@@ -1,9 +1,11 @@
 """`TrainingMeter`: what a run cost and what it reached, recorded at every validation.
 
 Used by ``lightning-speedups compare`` and the benchmarks. FLOPs are *counted*, not estimated: the first
-training step of each distinct batch shape runs under ``torch.utils.flop_counter.FlopCounterMode`` (forward and
-backward), and every later step of that shape adds the same count. A technique that changes the input size
-(progressive resizing) therefore gets its FLOPs right at every size it trains at. ``BatchSizeFinder``'s trial
+training step of each distinct batch shape and kind of step runs under ``torch.utils.flop_counter.FlopCounterMode``
+(forward and backward), and every later such step adds the same count. A technique that changes the input size
+(progressive resizing) therefore gets its FLOPs right at every size it trains at; a step's kind is whether it runs
+a backward pass (not in ``StochasticWeightAveraging``'s BatchNorm epoch) and how many parameters train (a backbone
+frozen, then unfrozen, by ``BackboneFinetuning``). ``BatchSizeFinder``'s trial
 steps, which Lightning runs without callbacks, are in the wall and CPU time but not in the FLOPs.
 
 CPU time is this process's (all its threads) plus its DataLoader workers' (live workers read from ``/proc``,
@@ -99,6 +101,13 @@ def _shape_key(batch: Any) -> tuple:
     return (type(batch).__name__,)
 
 
+def _step_kind(trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[bool, int]:
+    """What, beside the batch's shape, sets a training step's FLOPs: whether it runs a backward pass, and how many
+    parameter tensors it trains."""
+    no_backward = bool(getattr(trainer.fit_loop, "_skip_backward", False))  # StochasticWeightAveraging's BN epoch
+    return no_backward, sum(p.requires_grad for p in pl_module.parameters())
+
+
 class TrainingMeter(Callback):
     """Record wall time, CPU time, counted training FLOPs, steps and a validation metric at each validation.
 
@@ -142,7 +151,7 @@ class TrainingMeter(Callback):
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
         self._stop_counting()  # a batch whose end hook never ran (the module's `on_train_batch_start` returned -1)
-        key = _shape_key(batch)
+        key = (_shape_key(batch), *_step_kind(trainer, pl_module))
         if key in self.flops_per_shape:
             self.flops += self.flops_per_shape[key] * trainer.world_size
             return

@@ -191,6 +191,7 @@ def test_the_equal_budget_run_is_validated_at_its_last_step_even_mid_epoch():
         (["--metric", "val_nll"], "looks like a lower-is-better metric"),
         (["--callback", "MixUpp"], "No callback class named 'MixUpp'"),
         (["--preset", "baseline"], "compare the baseline with itself"),
+        (["--preset", ""], "--preset needs a preset's name, got ''"),
         (["--callback", "MixUp:alpha"], "arguments look like 'name=value'"),
         (["--callback", "MixUp:alpha=-1"], "`alpha` must be > 0"),
         (["--model-args", "[1]"], None),
@@ -477,6 +478,14 @@ class FlatNet(ImageClassifier):
     def forward(self, x):
         return self.head(x.mean(1).flatten(1))
 
+class UsesLogger(ImageClassifier):
+    def on_train_start(self):
+        self.logger.log_hyperparams({"lr": 0.1})  # compare trains without a logger
+
+class BrokenStep(ImageClassifier):
+    def training_step(self, batch, batch_idx):
+        return {}["image"]  # a bug of the user's, in a step
+
 from lightning.pytorch.callbacks import Callback
 
 class Interrupt(Callback):
@@ -558,7 +567,7 @@ def test_a_report_that_cannot_be_saved_is_still_printed(tmp_path, monkeypatch):
     assert "| baseline |" in out.getvalue()  # the comparison's results are not lost with the file
 
 
-def test_a_broken_pipe_inside_training_is_not_taken_for_a_reader_that_stopped(tmp_path, monkeypatch):
+def test_a_broken_pipe_inside_training_is_not_taken_for_a_reader_that_stopped(tmp_path, monkeypatch, capsys):
     _write_module(
         tmp_path,
         monkeypatch,
@@ -569,8 +578,8 @@ def test_a_broken_pipe_inside_training_is_not_taken_for_a_reader_that_stopped(tm
         "        raise BrokenPipeError('a pipe of the model')\n",
     )
     args = ["--model", "pipe_models:PipeNet", *TINY[2:], "--callback", "MixUp", "--repeats", "1"]
-    with pytest.raises(BrokenPipeError, match="a pipe of the model"):  # was: a silent exit 0
-        main(["compare", *args, "--output", str(tmp_path / "o")])
+    assert main(["compare", *args, "--output", str(tmp_path / "o")]) == 2  # was: a silent exit 0
+    assert "run stopped: BrokenPipeError: a pipe of the model (raised at" in capsys.readouterr().err
 
 
 def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
@@ -666,3 +675,59 @@ def test_the_untimed_warm_up_run_raises_no_warning_of_its_own(tmp_path):
         args = ["--callback", "LinearScalingWarmup:reference_batch_size=64,warmup=1", "--repeats", "1"]
         assert main(["compare", *args, *TINY, "--no-budget-baseline", "--output", str(tmp_path / "o")]) == 0
     assert not [w for w in caught if "longer than training" in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (
+            "UsesLogger",
+            r"AttributeError: 'NoneType' object has no attribute 'log_hyperparams' \(raised at .*"
+            r"unusual_models.py:\d+, in on_train_start\)\. compare trains without a logger",
+        ),
+        ("BrokenStep", r"KeyError: 'image' \(raised at .*unusual_models.py:\d+, in training_step\)"),
+    ],
+)
+def test_an_error_in_the_users_code_is_a_message_naming_the_run_and_the_line(
+    tmp_path, monkeypatch, capsys, model, message
+):
+    _write_module(tmp_path, monkeypatch, "unusual_models", UNUSUAL_MODELS)
+    tiny = [*TINY[2:], "--repeats", "1", "--callback", "LabelSmoothing"]
+    assert main(["compare", "--model", f"unusual_models:{model}", *tiny, "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"the 'baseline' run stopped: " + message, err) and "Traceback" not in err
+
+
+def test_a_callback_module_that_fails_to_import_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    _write_module(tmp_path, monkeypatch, "broken_callbacks", "class Cls(:\n")
+    assert main(["compare", *TINY, "--callback", "broken_callbacks:Cls", "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--callback 'broken_callbacks:Cls': importing it raised SyntaxError" in err and "Traceback" not in err
+
+
+def test_an_error_raised_inside_the_package_is_not_reported_as_the_users_line(capsys):
+    # an editable install is outside site-packages: compare's own frames looked like the user's code
+    assert main(["compare", *TINY[:-5], "--accelerator", "bogus", "--callback", "MixUp", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "bogus" in err and "raised at" not in err
+
+
+def test_the_progress_bar_moves_one_step_per_epoch_of_each_run_whatever_the_validations():
+    from lightning_speedups.compare import _Progress
+
+    class Bar:
+        n = 0
+
+        def update(self, k):
+            self.n += k
+
+    class Trainer:
+        sanity_checking = False
+
+    bar = Bar()
+    for validations in (0, 2, 4, 6):  # a shortened run, one that validates more often than each epoch
+        progress = _Progress(bar, 4)
+        for _ in range(validations):
+            progress.on_validation_end(Trainer(), None)
+        progress.finish()
+    assert bar.n == 16

@@ -40,6 +40,40 @@ def test_flops_are_counted_per_shape_and_match_hand_computation():
     assert 0 <= meter.history[0].metric <= 1 and meter.history[1].wall >= meter.history[0].wall > 0
 
 
+def test_steps_of_one_shape_but_another_cost_are_counted_at_their_own_cost():
+    """A backbone frozen from the second epoch, and StochasticWeightAveraging's BatchNorm epoch (forward only):
+    the count of the first step of a shape was reused for every later step of that shape."""
+    from lightning.pytorch.callbacks import Callback, StochasticWeightAveraging
+
+    class TwoLayers(Linear):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(10, 8, bias=False), nn.Linear(8, 4, bias=False))
+
+    class FreezeFirst(Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            if trainer.current_epoch == 1:
+                pl_module.net[0].weight.requires_grad_(False)
+
+    meter = TrainingMeter("val_acc")
+    trainer(callbacks=[FreezeFirst(), meter], max_epochs=2).fit(TwoLayers(), data(32), data(16))
+    forward = 2 * 10 * 8 + 2 * 8 * 4  # per sample
+    trained = forward + 2 * 8 * 4 + 2 * 8 * 4 + 2 * 10 * 8  # backward: W2's grad, layer 2's input grad, W1's grad
+    frozen = forward + 2 * 8 * 4  # backward: W2's grad only
+    assert meter.flops == 32 * trained + 32 * frozen
+
+    class Normed(Linear):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(10, 4, bias=False), nn.BatchNorm1d(4))
+
+    meter = TrainingMeter("val_acc")
+    swa = StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=1)
+    trainer(callbacks=[swa, meter], max_epochs=2).fit(Normed(), data(32), data(16))
+    # two training epochs, then SWA's extra epoch of forward passes that re-estimate the BatchNorm statistics
+    assert meter.flops == 2 * 32 * (2 * 2 * 10 * 4) + 32 * (2 * 10 * 4)
+
+
 def test_a_metric_that_was_not_logged_is_named():
     with pytest.raises(MissingMetricError, match=r"'val_accuracy' was not logged.*val_acc"):
         trainer(callbacks=[TrainingMeter("val_accuracy")], max_epochs=1).fit(Linear(), data(16), data(16))
