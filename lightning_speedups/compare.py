@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib
+import importlib.util
 import json
 import logging
 import math
@@ -477,9 +478,12 @@ def _run(
         raise CompareError(
             f"the {arm!r} run could not start or stopped: {type(err).__name__}: {err}{_raised_at(err)}.{notes}"
         ) from err
+    except CompareError:
+        raise  # ours, already a message (the model or datamodule could not be built)
     except Exception as err:  # anything else the user's model or data raised (a KeyError in a step, say)
         notes = ""
-        if isinstance(err, AttributeError) and "'NoneType'" in str(err):
+        line = getattr(_user_frame(err), "line", None) or ""  # the hint only where the user's line uses the logger
+        if isinstance(err, AttributeError) and "'NoneType'" in str(err) and "logger" in line:
             notes = (
                 " compare trains without a logger, so `self.logger` is None there: guard its use with "
                 "`if self.logger is not None`."
@@ -495,24 +499,45 @@ def _run(
     return RunResult(arm=arm, repeat=repeat, history=list(meter.history), flops=meter.flops, steps=trainer.global_step)
 
 
-_PACKAGE_DIR = str(Path(__file__).resolve().parent)
+def _module_dir(name: str) -> str | None:
+    spec = importlib.util.find_spec(name)
+    return str(Path(spec.origin).resolve().parent) if spec is not None and spec.origin else None
+
+
+#: Where the frames of an error are not the user's: this package (wherever it is installed from), the frameworks
+#: it runs, and the standard library.
+_NOT_USERS = tuple(
+    d + os.sep
+    for d in [
+        str(Path(__file__).resolve().parent),
+        *(_module_dir(m) for m in ("torch", "lightning", "lightning_fabric", "torchmetrics", "torchvision")),
+    ]
+    if d
+)
+_STDLIB = str(Path(os.__file__).resolve().parent) + os.sep
+_INSTALLED = ("site-packages", "dist-packages")
+
+
+def _user_frame(err: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of the user's code in ``err``'s traceback: outside this package, the frameworks and the
+    standard library, preferring one outside installed packages (a model installed as a package is the user's
+    too, when nothing else is); None where there is none (our callbacks' and Lightning's own errors say what is
+    wrong in their message)."""
+    frames = []
+    for f in traceback.extract_tb(err.__traceback__):
+        path = str(Path(f.filename).resolve())
+        installed = any(part in path for part in _INSTALLED)
+        if path.startswith(_NOT_USERS) or (path.startswith(_STDLIB) and not installed) or f.filename[:1] == "<":
+            continue
+        frames.append((installed, f))
+    local = [f for installed, f in frames if not installed]
+    return (local or [f for _, f in frames] or [None])[-1]
 
 
 def _raised_at(err: BaseException) -> str:
-    """`` (raised at file:line, in function)``: the innermost frame of the user's code (outside installed
-    packages, the standard library and this package, wherever it is installed from); empty where there is none
-    (our callbacks' and Lightning's own errors say what is wrong in their message)."""
-    frames = [
-        f
-        for f in traceback.extract_tb(err.__traceback__)
-        if "site-packages" not in f.filename
-        and "/lib/python" not in f.filename
-        and not str(Path(f.filename).resolve()).startswith(_PACKAGE_DIR + os.sep)
-    ]
-    if not frames:
-        return ""
-    frame = frames[-1]
-    return f" (raised at {frame.filename}:{frame.lineno}, in {frame.name})"
+    """`` (raised at file:line, in function)`` for :func:`_user_frame`; empty without one."""
+    frame = _user_frame(err)
+    return "" if frame is None else f" (raised at {frame.filename}:{frame.lineno}, in {frame.name})"
 
 
 @contextlib.contextmanager

@@ -4,8 +4,9 @@ Used by ``lightning-speedups compare`` and the benchmarks. FLOPs are *counted*, 
 training step of each distinct batch shape and kind of step runs under ``torch.utils.flop_counter.FlopCounterMode``
 (forward and backward), and every later such step adds the same count. A technique that changes the input size
 (progressive resizing) therefore gets its FLOPs right at every size it trains at; a step's kind is whether it runs
-a backward pass (not in ``StochasticWeightAveraging``'s BatchNorm epoch) and how many parameters train (a backbone
-frozen, then unfrozen, by ``BackboneFinetuning``). ``BatchSizeFinder``'s trial
+a backward pass (not in ``StochasticWeightAveraging``'s BatchNorm epoch) and which parameters train (a backbone
+frozen, then unfrozen, by ``BackboneFinetuning``), read once per epoch, at its first batch (freezing mid-epoch is
+not seen until the next epoch). ``BatchSizeFinder``'s trial
 steps, which Lightning runs without callbacks, are in the wall and CPU time but not in the FLOPs.
 
 CPU time is this process's (all its threads) plus its DataLoader workers' (live workers read from ``/proc``,
@@ -102,10 +103,10 @@ def _shape_key(batch: Any) -> tuple:
 
 
 def _step_kind(trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[bool, int]:
-    """What, beside the batch's shape, sets a training step's FLOPs: whether it runs a backward pass, and how many
-    parameter tensors it trains."""
+    """What, beside the batch's shape, sets a training step's FLOPs: whether it runs a backward pass, and which
+    parameters it trains (a hash of their ``requires_grad`` flags)."""
     no_backward = bool(getattr(trainer.fit_loop, "_skip_backward", False))  # StochasticWeightAveraging's BN epoch
-    return no_backward, sum(p.requires_grad for p in pl_module.parameters())
+    return no_backward, hash(tuple(p.requires_grad for p in pl_module.parameters()))
 
 
 class TrainingMeter(Callback):
@@ -133,11 +134,12 @@ class TrainingMeter(Callback):
         self._t0 = 0.0
         self._c0 = 0.0
         self._counting: tuple[tuple, FlopCounterMode] | None = None
+        self._kind: tuple[bool, int] | None = None  # this epoch's kind of step (`_step_kind`)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":  # before a checkpoint's state is restored
             self.history, self.flops, self.flops_per_shape = [], 0.0, {}
-            self.validations, self._missing = 0, None
+            self.validations, self._missing, self._kind = 0, None, None
             # The clocks start here, not at `on_fit_start`: Lightning runs `BatchSizeFinder` (moved to the front of
             # the callbacks) in its `on_fit_start`, and its trial steps are part of the recipe's cost.
             self._t0, self._c0 = time.perf_counter(), cpu_seconds()
@@ -151,7 +153,9 @@ class TrainingMeter(Callback):
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
         self._stop_counting()  # a batch whose end hook never ran (the module's `on_train_batch_start` returned -1)
-        key = (_shape_key(batch), *_step_kind(trainer, pl_module))
+        if self._kind is None:  # read at an epoch's first batch, after every callback's epoch-start hook
+            self._kind = _step_kind(trainer, pl_module)
+        key = (_shape_key(batch), *self._kind)
         if key in self.flops_per_shape:
             self.flops += self.flops_per_shape[key] * trainer.world_size
             return
@@ -176,6 +180,9 @@ class TrainingMeter(Callback):
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._stop_counting()
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._kind = None
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._stop_counting()  # never leave the counter on past a skipped batch: it would slow everything after

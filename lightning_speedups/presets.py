@@ -328,7 +328,7 @@ def _load_each_entry_point() -> list[str]:
     found = list(entry_points(group=ENTRY_POINT_GROUP))
     # the module of each entry point, read from its value: `EntryPoint.module` raises on a malformed value
     # (`my-plugin.presets`), which `ep.load()` reports as that entry point's problem
-    modules = [ep.value.partition(":")[0].strip() for ep in found]
+    modules = [ep.value.partition(":")[0].partition("[")[0].strip() for ep in found]  # `mod:obj [extra]`, `mod [x]`
     for ep, module in zip(found, modules, strict=True):
         where = f"preset entry point {ep.name!r} ({ep.value})"
         before = dict(_REGISTRY)

@@ -482,6 +482,15 @@ class UsesLogger(ImageClassifier):
     def on_train_start(self):
         self.logger.log_hyperparams({"lr": 0.1})  # compare trains without a logger
 
+class NoneAttribute(ImageClassifier):
+    def training_step(self, batch, batch_idx):
+        teacher = None
+        return teacher.shape  # a bug of the user's, not compare's
+
+class NeedsWidth(ImageClassifier):
+    def __init__(self, width):
+        super().__init__()
+
 class BrokenStep(ImageClassifier):
     def training_step(self, batch, batch_idx):
         return {}["image"]  # a bug of the user's, in a step
@@ -685,7 +694,11 @@ def test_the_untimed_warm_up_run_raises_no_warning_of_its_own(tmp_path):
             r"AttributeError: 'NoneType' object has no attribute 'log_hyperparams' \(raised at .*"
             r"unusual_models.py:\d+, in on_train_start\)\. compare trains without a logger",
         ),
-        ("BrokenStep", r"KeyError: 'image' \(raised at .*unusual_models.py:\d+, in training_step\)"),
+        ("BrokenStep", r"KeyError: 'image' \(raised at .*unusual_models.py:\d+, in training_step\)\.\n"),
+        (
+            "NoneAttribute",
+            r"AttributeError: .* attribute 'shape' \(raised at .*unusual_models.py:\d+, in training_step\)\.\n",
+        ),
     ],
 )
 def test_an_error_in_the_users_code_is_a_message_naming_the_run_and_the_line(
@@ -731,3 +744,28 @@ def test_the_progress_bar_moves_one_step_per_epoch_of_each_run_whatever_the_vali
             progress.on_validation_end(Trainer(), None)
         progress.finish()
     assert bar.n == 16
+
+
+def test_a_model_that_cannot_be_built_is_said_once_not_wrapped_as_a_run_error(tmp_path, monkeypatch, capsys):
+    _write_module(tmp_path, monkeypatch, "unusual_models", UNUSUAL_MODELS)
+    tiny = [*TINY[2:], "--repeats", "1", "--callback", "LabelSmoothing"]
+    assert main(["compare", "--model", "unusual_models:NeedsWidth", *tiny, "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "width" in err and "CompareError" not in err and "run stopped" not in err
+
+
+def test_the_users_line_is_found_in_a_model_installed_as_a_package(tmp_path, monkeypatch):
+    from lightning_speedups.compare import _raised_at
+
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    (site / "installed_model.py").write_text("def step(batch):\n    return batch['image']\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setitem(sys.modules, "installed_model", None)
+    monkeypatch.delitem(sys.modules, "installed_model")
+    import installed_model
+
+    with pytest.raises(KeyError) as info:
+        installed_model.step({})
+    err = info.value.with_traceback(info.value.__traceback__.tb_next)  # from the model's frame on, as in a fit
+    assert re.fullmatch(r" \(raised at .*site-packages/installed_model.py:2, in step\)", _raised_at(err))

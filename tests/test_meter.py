@@ -50,17 +50,19 @@ def test_steps_of_one_shape_but_another_cost_are_counted_at_their_own_cost():
             super().__init__()
             self.net = nn.Sequential(nn.Linear(10, 8, bias=False), nn.Linear(8, 4, bias=False))
 
-    class FreezeFirst(Callback):
+    class Freeze(Callback):  # after the meter: it must read the flags after every epoch-start hook
         def on_train_epoch_start(self, trainer, pl_module):
-            if trainer.current_epoch == 1:
-                pl_module.net[0].weight.requires_grad_(False)
+            first, second = pl_module.net[0].weight, pl_module.net[1].weight
+            first.requires_grad_(trainer.current_epoch != 1)  # epoch 1: the first layer frozen
+            second.requires_grad_(trainer.current_epoch != 2)  # epoch 2: the second (as many trainable tensors)
 
     meter = TrainingMeter("val_acc")
-    trainer(callbacks=[FreezeFirst(), meter], max_epochs=2).fit(TwoLayers(), data(32), data(16))
+    trainer(callbacks=[meter, Freeze()], max_epochs=3).fit(TwoLayers(), data(32), data(16))
     forward = 2 * 10 * 8 + 2 * 8 * 4  # per sample
     trained = forward + 2 * 8 * 4 + 2 * 8 * 4 + 2 * 10 * 8  # backward: W2's grad, layer 2's input grad, W1's grad
-    frozen = forward + 2 * 8 * 4  # backward: W2's grad only
-    assert meter.flops == 32 * trained + 32 * frozen
+    first_frozen = forward + 2 * 8 * 4  # backward: W2's grad only
+    second_frozen = forward + 2 * 8 * 4 + 2 * 10 * 8  # backward: layer 2's input grad, W1's grad
+    assert meter.flops == 32 * (trained + first_frozen + second_frozen)
 
     class Normed(Linear):
         def __init__(self):

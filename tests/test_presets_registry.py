@@ -527,7 +527,8 @@ def test_override_mistakes_are_named(registry):
     assert presets.get("fn-recipe", smoothing=0.2).callbacks[0].smoothing == 0.2
 
 
-def test_a_failed_plugin_keeps_the_presets_of_another_plugin_it_imported(registry, tmp_path, monkeypatch):
+@pytest.mark.parametrize("b_value", ["plug_b", "plug_b [extra]"])  # extras: valid entry-point syntax
+def test_a_failed_plugin_keeps_the_presets_of_another_plugin_it_imported(registry, tmp_path, monkeypatch, b_value):
     # `plug_a` imports `plug_b` (which registers its preset) and then fails: the rollback took `plug_b`'s preset,
     # and `plug_b`'s own entry point, finding it imported, registered nothing again
     (tmp_path / "plug_b.py").write_text(
@@ -540,7 +541,7 @@ def test_a_failed_plugin_keeps_the_presets_of_another_plugin_it_imported(registr
         "register(declarative('a-recipe', 's', 'd', [('MixUp', {})]))\n"
         "import no_such_dependency\n"
     )
-    _install_plugin(tmp_path, monkeypatch, "two_plugins", "a = plug_a\nb = plug_b\n")
+    _install_plugin(tmp_path, monkeypatch, "two_plugins", f"a = plug_a\nb = {b_value}\n")
     with pytest.warns(UserWarning, match="Could not load preset entry point 'a'") as record:
         known = presets.names()
     assert "b-recipe" in known and "a-recipe" not in known and len(record) == 1

@@ -91,9 +91,9 @@ class LinearScalingWarmup(SpeedupCallback):
             optimizers).
         warmup_from: ``"unscaled"`` ramps from the scheduler's learning rate (the paper) to ``k`` times it;
             ``"zero"`` ramps from zero (its first update already takes a small step).
-        batch_size: the per-device batch size; ``None`` reads it from the training ``DataLoader`` at each
-            step (needed when the loader has no ``batch_size``, e.g. a custom batch sampler, or when there
-            are several training loaders).
+        batch_size: the per-device batch size; ``None`` reads it from the training ``DataLoader`` at the
+            first update of every epoch (needed when the loader has no ``batch_size``, e.g. a custom batch
+            sampler, or when there are several training loaders).
         exclude_groups: param groups that keep the scheduler's learning rate: ``j`` for group ``j`` of every
             optimizer, ``(i, j)`` for group ``j`` of optimizer ``i``. A param group can also opt out itself
             with ``"lr_scaling": False`` (see :attr:`group_key`).
