@@ -482,8 +482,10 @@ def _run(
         raise  # ours, already a message (the model or datamodule could not be built)
     except Exception as err:  # anything else the user's model or data raised (a KeyError in a step, say)
         notes = ""
-        line = getattr(_user_frame(err), "line", None) or ""  # the hint only where the user's line uses the logger
-        if isinstance(err, AttributeError) and "'NoneType'" in str(err) and "logger" in line:
+        line = getattr(_user_frame(err), "line", None) or ""
+        # the hint only where the failed attribute is read from a logger on the user's line (`self.logger.x`)
+        used = rf"\bloggers?\s*(\[[^\]]*\])?\s*\.\s*{re.escape(str(getattr(err, 'name', '') or ''))}\b"
+        if isinstance(err, AttributeError) and "'NoneType'" in str(err) and re.search(used, line):
             notes = (
                 " compare trains without a logger, so `self.logger` is None there: guard its use with "
                 "`if self.logger is not None`."
@@ -510,7 +512,18 @@ _NOT_USERS = tuple(
     d + os.sep
     for d in [
         str(Path(__file__).resolve().parent),
-        *(_module_dir(m) for m in ("torch", "lightning", "lightning_fabric", "torchmetrics", "torchvision")),
+        *(
+            _module_dir(m)
+            for m in (
+                "torch",
+                "lightning",
+                "lightning_fabric",
+                "lightning_utilities",
+                "pytorch_lightning",
+                "torchmetrics",
+                "torchvision",
+            )
+        ),
     ]
     if d
 )

@@ -485,7 +485,8 @@ class UsesLogger(ImageClassifier):
 class NoneAttribute(ImageClassifier):
     def training_step(self, batch, batch_idx):
         teacher = None
-        return teacher.shape  # a bug of the user's, not compare's
+        logger = None  # a name that merely contains "logger" on the failing line
+        return teacher.shape if logger is None else teacher  # a bug of the user's, not compare's
 
 class NeedsWidth(ImageClassifier):
     def __init__(self, width):
@@ -769,3 +770,20 @@ def test_the_users_line_is_found_in_a_model_installed_as_a_package(tmp_path, mon
         installed_model.step({})
     err = info.value.with_traceback(info.value.__traceback__.tb_next)  # from the model's frame on, as in a fit
     assert re.fullmatch(r" \(raised at .*site-packages/installed_model.py:2, in step\)", _raised_at(err))
+
+
+def test_an_error_raised_inside_lightnings_own_dependencies_names_no_line_of_the_users():
+    import dataclasses
+
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    from lightning_speedups.compare import _raised_at
+
+    @dataclasses.dataclass(frozen=True)
+    class Batch:
+        x: torch.Tensor
+
+    with pytest.raises(ValueError, match="frozen dataclass") as info:
+        apply_to_collection(Batch(torch.zeros(1)), torch.Tensor, lambda t: t)
+    err = info.value.with_traceback(info.value.__traceback__.tb_next)  # without this test's own frame
+    assert _raised_at(err) == ""
