@@ -75,6 +75,29 @@ def test_repeat_factor_sampling_fit_draws_the_functional_epochs():
     assert rfs.largest_class_factors(2) == pytest.approx({3: math.sqrt(10), 2: math.sqrt(2.5)})
 
 
+def test_a_dataset_swapped_at_a_reload_gets_its_own_repeat_factors_even_of_the_same_length():
+    from torch.utils.data import TensorDataset
+
+    class Swapping(IndexDM):
+        """From epoch 2 on, a training set of the same length whose rare class is elsewhere (labels reversed)."""
+
+        def get_train_dataset(self):
+            if self.trainer is not None and self.trainer.current_epoch >= 2:
+                if not hasattr(self, "swapped"):
+                    x, y = self.train_dataset.tensors
+                    self.swapped = TensorDataset(x, y.flip(0))
+                return self.swapped
+            return self.train_dataset
+
+    seed_everything(3)
+    rfs = RepeatFactorSampling(threshold=0.1)
+    model, t = fit([rfs], n=200, max_epochs=3, dm=Swapping(200), reload_dataloaders_every_n_epochs=1)
+    flipped = long_tail(200)[::-1].copy()
+    assert np.array_equal(rfs.factors, fs.repeat_factors(flipped, threshold=0.1))
+    last = epochs_of(model, t.num_training_batches)[2]
+    assert last == fs.repeat_factor_epoch(rfs.factors, seed=3, epoch=2).tolist()
+
+
 def test_labels_from_an_array_or_a_callable_and_multi_label():
     labels = [[0]] * 70 + [[0, 1]] * 8 + [[1, 2]] + [[]]
     a = RepeatFactorSampling(threshold=0.2, labels=labels)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -138,6 +139,7 @@ class RepeatFactorSampling(SpeedupCallback):
             )
         self._class_ids, self._class_factors = table.class_ids, table.class_factors
         self.factors = factors = table.sample_factors
+        self._factors_of = _weak(dataset)
         self.epoch_length = fs.epoch_length(factors)
         if self._class_factors.size == 0:
             self.warn("no sample has a label, so every repeat factor is 1 and this is a plain shuffle.")
@@ -166,7 +168,9 @@ class RepeatFactorSampling(SpeedupCallback):
         self, plan: SamplingPlan, datamodule: SpeedupDataModule, dataset: Dataset, *, seed: int
     ) -> None:
         """Add the repeat factors to ``plan`` (how the callback composes with others)."""
-        if self.factors is None or len(self.factors) != len(dataset):  # type: ignore[arg-type]
+        # worked out again for another dataset (a loader reload that swapped it, of the same length too)
+        of = self.__dict__.get("_factors_of")
+        if self.factors is None or len(self.factors) != len(dataset) or of is None or of() is not dataset:  # type: ignore[arg-type]
             self.compute_factors(datamodule, dataset)
         assert self.factors is not None
         plan.add_repeat_factors(
@@ -236,3 +240,11 @@ class RepeatFactorSampling(SpeedupCallback):
         super().load_state_dict(state_dict)
         self._restored_length = state_dict.get("epoch_length")
         self._check_restored_length()
+
+
+def _weak(obj: Any) -> Callable[[], Any] | None:
+    """A weak reference to ``obj`` (not kept alive by the callback), None for an object that takes none."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return None
