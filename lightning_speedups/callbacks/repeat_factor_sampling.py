@@ -242,9 +242,10 @@ class RepeatFactorSampling(SpeedupCallback):
         self._check_restored_length()
 
 
-def _weak(obj: Any) -> Callable[[], Any] | None:
-    """A weak reference to ``obj`` (not kept alive by the callback), None for an object that takes none."""
+def _weak(obj: Any) -> Callable[[], Any]:
+    """A weak reference to ``obj`` (not kept alive by the callback); a strong one for an object that takes no weak
+    reference (a plain list as the dataset)."""
     try:
         return weakref.ref(obj)
     except TypeError:
-        return None
+        return lambda: obj
