@@ -223,6 +223,23 @@ def test_cutmix_needs_spatial_dims_and_bad_alpha():
         smooth_labels(torch.arange(3), 1.0, num_classes=3)
 
 
+def test_mismatched_batches_empty_regions_and_no_classes_are_clear_errors():
+    # each failed deep inside torch or numpy (an index out of range, `high <= 0`, a division by zero)
+    shapes = r"the same for both; got inputs \(4, 3\) and targets \(3,\)"
+    with pytest.raises(ValueError, match=shapes):
+        mixup_batch(torch.rand(4, 3), torch.arange(3), 0.4, 5, 1)
+    with pytest.raises(ValueError, match=r"got inputs \(\) and targets \(\)"):
+        mixup_batch(torch.tensor(1.0), torch.tensor(0), 0.4, 2, 0)
+    with pytest.raises(ValueError, match=r"got inputs \(4, 1, 4, 4\) and targets \(5,\)"):
+        cutmix_batch(torch.rand(4, 1, 4, 4), torch.arange(5), 1.0, 5, 0)
+    with pytest.raises(ValueError, match=r"non-empty region to paste; got shape \(2, 1, 0, 4\)"):
+        cutmix_batch(torch.rand(2, 1, 0, 4), torch.tensor([0, 1]), 1.0, 2, 0)
+    for call in (lambda: smooth_labels(torch.tensor([0, 0]), 0.1, 0), lambda: as_probabilities(torch.arange(2), 0)):
+        with pytest.raises(ValueError, match="`num_classes` must be an int >= 1, got 0"):
+            call()
+    assert smooth_labels(torch.tensor([0, 2]), 0.3, np.int64(3)).sum(1).tolist() == pytest.approx([1.0, 1.0])
+
+
 @pytest.mark.parametrize(
     "make",
     [

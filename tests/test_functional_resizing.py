@@ -271,6 +271,9 @@ def test_other_bad_inputs():
         resize_batch(torch.rand(1, 1, 8, 8), (10, 10), mode="crop")
     with pytest.raises(ValueError, match="`mode` must be"):
         resize_batch(torch.rand(1, 1, 8, 8), (4, 4), mode="zoom")
+    for size, mode in (((0, 8), "crop"), ((-4, 8), "crop"), ((4, 0), "resize")):  # crop gave an empty batch
+        with pytest.raises(ValueError, match=r"`size` must be \(height, width\) of at least 1 pixel"):
+            resize_batch(torch.rand(1, 1, 8, 8), size, mode=mode)
     with pytest.raises(ValueError, match="height and width"):
         resize_batch(torch.rand(1, 1, 8, 8), (4, 4), mask=torch.zeros(1, 6, 6))
     with pytest.raises(ValueError, match="`size_increment` must be >= 1"):

@@ -104,6 +104,7 @@ def test_factor_at_a_fractional_update_interpolates_the_ramp():
         (lambda: batch_scale(256, 256, rule="cubic"), "rule"),
         (lambda: global_batch_size(8, accumulate_grad_batches=0), "accumulate_grad_batches"),
         (lambda: warmup_factor(-1, 4, 2.0), "step"),
+        (lambda: warmup_factor(float("nan"), 4, 2.0), "step"),  # would be a NaN learning rate
         (lambda: warmup_factor(0, 4, 0.0), "scale"),
         (lambda: warmup_factor(0, 4, 2.0, start="one"), "start"),
     ],

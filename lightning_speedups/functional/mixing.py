@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Sequence
 
 import numpy as np
@@ -87,6 +88,7 @@ def as_probabilities(target: Tensor, num_classes: int | None = None, dtype: torc
 
     Raises ``ValueError`` for anything else (regression targets, masks, multi-dim labels).
     """
+    _check_num_classes(num_classes)
     float_dtype = dtype or (target.dtype if target.is_floating_point() else torch.float32)
     if not target.is_floating_point() and not target.is_complex() and target.dtype != torch.bool:
         if target.ndim != 1:
@@ -111,6 +113,7 @@ def smooth_labels(target: Tensor, smoothing: float, num_classes: int | None = No
     """
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"`smoothing` must be in [0, 1), got {smoothing!r}.")
+    _check_num_classes(num_classes)
     if target.ndim == 1 and num_classes is not None and target.dtype in _INDEX_DTYPES:
         # class indices: the smoothed one-hot rows, gathered at once
         off = smoothing / num_classes
@@ -136,6 +139,7 @@ def sample_permutation(n: int, device: torch.device | str = "cpu", generator: Ra
 def mix(x: Tensor, target: Tensor, lam: float, perm: Tensor, num_classes: int | None = None) -> tuple[Tensor, Tensor]:
     """MixUp with a given weight and partner: ``lam * a + (1 - lam) * a[perm]`` for inputs and targets."""
     _check_float_input(x, "mix")
+    _check_batch(x, target)
     _check_lambda(lam)
     probs = as_probabilities(target, num_classes)
     # In place on the fresh partner copy (never on `x`): one new buffer instead of two, the same values as
@@ -166,6 +170,7 @@ def mixup_batch(
         >>> torch.allclose(mx, lam * x + (1 - lam) * x[perm])
         True
     """
+    _check_batch(x, target)
     rng = _rng(generator)
     lam = sample_lambda(alpha, rng)
     perm = sample_permutation(x.shape[0], x.device, rng)
@@ -228,6 +233,7 @@ def cut_and_paste(
     """
     _check_float_input(x, "cutmix")
     _check_spatial_input(x)
+    _check_batch(x, target)
     spatial = tuple(x.shape[2:])
     box = _normalize_box(spatial, box)
     lam = box_lambda(spatial, box)
@@ -261,6 +267,7 @@ def cutmix_batch(
         True
     """
     _check_spatial_input(x)
+    _check_batch(x, target)
     rng = _rng(generator)
     box = cutmix_box(tuple(x.shape[2:]), sample_lambda(alpha, rng), rng)
     perm = sample_permutation(x.shape[0], x.device, rng)
@@ -287,3 +294,20 @@ def _check_spatial_input(x: Tensor) -> None:
             f"CutMix pastes a region of (N, C, *spatial) inputs; got shape {tuple(x.shape)}. Use MixUp for "
             "flat features."
         )
+    if 0 in x.shape[2:]:
+        raise ValueError(f"CutMix needs inputs with a non-empty region to paste; got shape {tuple(x.shape)}.")
+
+
+def _check_batch(x: Tensor, target: Tensor) -> None:
+    """Inputs and targets of one batch: as many of each (a mismatch would fail deep inside torch, or pair
+    samples with the wrong targets)."""
+    if x.ndim == 0 or target.ndim == 0 or x.shape[0] != target.shape[0]:
+        raise ValueError(
+            f"Inputs and targets must have the batch size as their first dim, the same for both; got inputs "
+            f"{tuple(x.shape)} and targets {tuple(target.shape)}."
+        )
+
+
+def _check_num_classes(num_classes: int | None) -> None:
+    if num_classes is not None and not (isinstance(num_classes, numbers.Integral) and num_classes >= 1):
+        raise ValueError(f"`num_classes` must be an int >= 1, got {num_classes!r}.")

@@ -343,6 +343,8 @@ def resize_batch(
     """
     check_image_batch(x, "resize_batch")
     size = (int(size[0]), int(size[1]))
+    if min(size) < 1:
+        raise ValueError(f"`size` must be (height, width) of at least 1 pixel each, got {size}.")
     if mask is not None and (
         mask.ndim < 3 or mask.shape[0] != x.shape[0] or tuple(mask.shape[-2:]) != tuple(x.shape[-2:])
     ):

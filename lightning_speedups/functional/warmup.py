@@ -154,9 +154,9 @@ def warmup_factor(step: float, warmup_steps: int, scale: float, start: WarmupSta
         >>> [round(warmup_factor(t, 4, scale=3.0, start="zero"), 2) for t in range(6)]
         [0.6, 1.2, 1.8, 2.4, 3.0, 3.0]
     """
-    if step < 0:
+    if not step >= 0:  # NaN fails this too: it would become a NaN learning rate
         raise ValueError(f"`step` must be >= 0, got {step!r}.")
-    if warmup_steps < 0:
+    if not warmup_steps >= 0:
         raise ValueError(f"`warmup_steps` must be >= 0, got {warmup_steps!r}.")
     if not scale > 0:
         raise ValueError(f"`scale` must be > 0, got {scale!r}.")
