@@ -96,6 +96,10 @@ def test_a_dataset_swapped_at_a_reload_gets_its_own_repeat_factors_even_of_the_s
     assert np.array_equal(rfs.factors, fs.repeat_factors(flipped, threshold=0.1))
     last = epochs_of(model, t.num_training_batches)[2]
     assert last == fs.repeat_factor_epoch(rfs.factors, seed=3, epoch=2).tolist()
+    import pickle  # ddp_spawn pickles the callbacks: the reference to the dataset stays behind
+
+    copy_ = pickle.loads(pickle.dumps(rfs))
+    assert np.array_equal(copy_.factors, rfs.factors) and "_factors_of" not in copy_.__dict__
 
 
 def test_labels_from_an_array_or_a_callable_and_multi_label():

@@ -236,6 +236,13 @@ class RepeatFactorSampling(SpeedupCallback):
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "threshold": self.threshold, "epoch_length": self.epoch_length}
 
+    def __getstate__(self) -> dict[str, Any]:
+        # picklable (ddp_spawn sends the callbacks to its processes): without the reference to the dataset the
+        # factors were worked out for, so a copy works them out again for the dataset it meets
+        state = dict(self.__dict__)
+        state.pop("_factors_of", None)
+        return state
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self._restored_length = state_dict.get("epoch_length")
