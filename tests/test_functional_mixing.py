@@ -237,7 +237,12 @@ def test_mismatched_batches_empty_regions_and_no_classes_are_clear_errors():
     for call in (lambda: smooth_labels(torch.tensor([0, 0]), 0.1, 0), lambda: as_probabilities(torch.arange(2), 0)):
         with pytest.raises(ValueError, match="`num_classes` must be an int >= 1, got 0"):
             call()
-    assert smooth_labels(torch.tensor([0, 2]), 0.3, np.int64(3)).sum(1).tolist() == pytest.approx([1.0, 1.0])
+    for count in (np.int64(3), 3.0, np.float64(3), torch.tensor(3)):  # a config's whole float, NumPy, tensors
+        assert smooth_labels(torch.tensor([0, 2]), 0.3, count).shape == (2, 3)
+        assert as_probabilities(torch.tensor([0, 2]), count).shape == (2, 3)
+    for bad in (2.5, True, torch.tensor(3.0)):
+        with pytest.raises(ValueError, match="`num_classes` must be an int >= 1"):
+            as_probabilities(torch.tensor([0, 1]), bad)
 
 
 @pytest.mark.parametrize(

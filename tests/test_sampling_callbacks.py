@@ -102,6 +102,21 @@ def test_a_dataset_swapped_at_a_reload_gets_its_own_repeat_factors_even_of_the_s
     assert np.array_equal(copy_.factors, rfs.factors) and "_factors_of" not in copy_.__dict__
 
 
+def test_a_fresh_dataset_wrapper_per_call_is_warned_about_once_not_at_every_reload():
+    from torch.utils.data import Subset
+
+    class FreshSubset(IndexDM):
+        def get_train_dataset(self):
+            return Subset(self.train_dataset, range(len(self.train_dataset)))  # a new object each call
+
+    rfs = RepeatFactorSampling(threshold=1e-6)  # no class that rare: every factor is 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit([rfs], n=40, max_epochs=3, dm=FreshSubset(40), reload_dataloaders_every_n_epochs=1)
+    said = [w for w in caught if "every repeat factor is 1" in str(w.message)]
+    assert len(said) == 1 and rfs.epoch_length == 40
+
+
 def test_labels_from_an_array_or_a_callable_and_multi_label():
     labels = [[0]] * 70 + [[0, 1]] * 8 + [[1, 2]] + [[]]
     a = RepeatFactorSampling(threshold=0.2, labels=labels)

@@ -137,11 +137,14 @@ class RepeatFactorSampling(SpeedupCallback):
                 f"has {size}. Give one entry per training sample, in dataset order (an empty list for a sample "
                 "without labels)."
             )
+        again = self.factors is not None and np.array_equal(self.factors, table.sample_factors)
         self._class_ids, self._class_factors = table.class_ids, table.class_factors
         self.factors = factors = table.sample_factors
         self._factors_of = _weak(dataset)
         self.epoch_length = fs.epoch_length(factors)
-        if self._class_factors.size == 0:
+        if again:  # the same factors for another dataset object (a fresh wrapper per call): said already
+            pass
+        elif self._class_factors.size == 0:
             self.warn("no sample has a label, so every repeat factor is 1 and this is a plain shuffle.")
         elif self._class_factors.max() <= 1.0:
             self.warn(

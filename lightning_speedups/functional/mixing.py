@@ -18,7 +18,9 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import operator
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -88,7 +90,7 @@ def as_probabilities(target: Tensor, num_classes: int | None = None, dtype: torc
 
     Raises ``ValueError`` for anything else (regression targets, masks, multi-dim labels).
     """
-    _check_num_classes(num_classes)
+    num_classes = _check_num_classes(num_classes)
     float_dtype = dtype or (target.dtype if target.is_floating_point() else torch.float32)
     if not target.is_floating_point() and not target.is_complex() and target.dtype != torch.bool:
         if target.ndim != 1:
@@ -113,7 +115,7 @@ def smooth_labels(target: Tensor, smoothing: float, num_classes: int | None = No
     """
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"`smoothing` must be in [0, 1), got {smoothing!r}.")
-    _check_num_classes(num_classes)
+    num_classes = _check_num_classes(num_classes)
     if target.ndim == 1 and num_classes is not None and target.dtype in _INDEX_DTYPES:
         # class indices: the smoothed one-hot rows, gathered at once
         off = smoothing / num_classes
@@ -308,6 +310,15 @@ def _check_batch(x: Tensor, target: Tensor) -> None:
         )
 
 
-def _check_num_classes(num_classes: int | None) -> None:
-    if num_classes is not None and not (isinstance(num_classes, numbers.Integral) and num_classes >= 1):
+def _check_num_classes(num_classes: Any) -> int | None:
+    """``num_classes`` as an int >= 1 (a whole float from a config, a NumPy or 0-d tensor integer), or None."""
+    if num_classes is None:
+        return None
+    try:
+        value = operator.index(num_classes)  # ints, NumPy integers, 0-d integer tensors
+    except TypeError:
+        whole = isinstance(num_classes, numbers.Real) and float(num_classes).is_integer()
+        value = int(num_classes) if whole else None
+    if isinstance(num_classes, bool) or value is None or value < 1:
         raise ValueError(f"`num_classes` must be an int >= 1, got {num_classes!r}.")
+    return value
