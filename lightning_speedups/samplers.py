@@ -118,6 +118,8 @@ class SamplingPlan:
             )
         if not np.all(np.isfinite(factors)) or factors.min(initial=1.0) < 0:
             raise ValueError(f"{source}: repeat factors must be finite and >= 0.")
+        if factors.size and factors.max() < 1:  # an epoch might round every factor down: no sample to draw
+            raise ValueError(f"{source}: at least one repeat factor must be >= 1 (the largest is {factors.max():g}).")
         self.repeat = RepeatPart(
             factors, int(seed), fs.epoch_length(factors) if length is None else int(length), source
         )

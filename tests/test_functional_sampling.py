@@ -423,3 +423,22 @@ def test_bad_shapes_and_lengths_are_refused():
         fs.shuffled_epoch(5, -2, seed=0, epoch=0)
     with pytest.raises(ValueError, match="accumulate=0"):
         fs.StepClock(global_batch_size=8, batches_per_epoch=4, accumulate=0)
+
+
+def test_bad_scores_factors_and_counts_are_clear_errors_not_a_wrong_order_or_a_crash_later():
+    # NaN sorted last: silently the hardest (with tasks, its whole task moved to the end)
+    with pytest.raises(ValueError, match=r"`difficulty` has NaN scores \(the first at index 1\)"):
+        fs.difficulty_order(np.array([0.5, np.nan, 0.1, 0.3]))
+    assert fs.difficulty_order(np.array([0.5, np.inf, 0.1]), seed=0).tolist() == [2, 0, 1]  # inf: the hardest
+    for factors in ([1.0, np.nan], [1.0, -1.0], [[1.0, 2.0]]):
+        with pytest.raises(ValueError, match="`factors` must be one finite number >= 0 per sample"):
+            fs.repeat_factor_epoch(np.array(factors), seed=0, epoch=0)
+    # factors all below 1: some epoch rounds every one down, and had no sample to draw (epoch 2 of this seed)
+    plan = SamplingPlan(num_samples=3, seed=0)
+    with pytest.raises(ValueError, match=r"at least one repeat factor must be >= 1 \(the largest is 0.4\)"):
+        plan.add_repeat_factors(np.array([0.0, 0.4, 0.4]), seed=0, source="mine")
+    order = np.arange(4)
+    with pytest.raises(ValueError, match="`counts` has 3 values for 4 samples"):
+        fs.curriculum_epoch(order, np.array([2]), 4, 4, seed=0, epoch=0, counts=np.ones(3, dtype=np.int64))
+    empty = fs.curriculum_epoch(order, np.array([2]), 4, 0, seed=0, epoch=0, counts=np.ones(4, dtype=np.int64))
+    assert empty.tolist() == []

@@ -362,6 +362,9 @@ def repeat_factor_epoch(factors: np.ndarray, *, seed: int, epoch: int, length: i
         >>> len(e), np.bincount(e, minlength=3).tolist()
         (5, [1, 1, 3])
     """
+    factors = np.asarray(factors, dtype=np.float64)
+    if factors.ndim != 1 or not np.isfinite(factors).all() or factors.min(initial=1.0) < 0:
+        raise ValueError(f"`factors` must be one finite number >= 0 per sample, shape (N,); got shape {factors.shape}.")
     length = epoch_length(factors) if length is None else length
     counts = repeat_factor_counts(factors, seed=seed, epoch=epoch)
     return shuffled_epoch(len(factors), length, seed=seed, epoch=epoch, counts=counts)
@@ -397,6 +400,11 @@ def difficulty_order(
             raise ValueError(f"`{name}` must hold one value per sample, shape (N,); got shape {values.shape}.")
     if d is not None and t is not None and len(d) != len(t):
         raise ValueError(f"`difficulty` has {len(d)} values and `tasks` {len(t)}: give one of each per sample.")
+    if d is not None and np.isnan(d).any():  # NaN sorts last: it would count as the hardest, silently
+        raise ValueError(
+            f"`difficulty` has NaN scores (the first at index {int(np.flatnonzero(np.isnan(d))[0])}); give every "
+            "sample a number (inf for the hardest)."
+        )
     n = len(d) if d is not None else (len(t) if t is not None else num_samples)
     if n is None:
         raise ValueError("`difficulty_order` needs difficulty scores, task ids or `num_samples`.")
@@ -697,6 +705,10 @@ def curriculum_epoch(
         )
     where = _positions(length, rank, num_replicas)
     # Every position's uniform draw, sliced to ours: the same list whatever the number of ranks.
+    if counts is not None and len(counts) != n:
+        raise ValueError(f"`counts` has {len(counts)} values for {n} samples in `order`: give one per sample.")
+    if length <= 0:
+        return np.zeros(0, dtype=np.int64)
     u = np.ascontiguousarray(epoch_rng(seed, epoch, STREAM_CURRICULUM).random(length)[where])
     if counts is None:
         table, entries = order, np.minimum(pools, n)
