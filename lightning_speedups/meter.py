@@ -29,6 +29,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.flop_counter import FlopCounterMode
 
+from lightning_speedups.seam import updating_batchnorm_only
+
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
@@ -105,8 +107,7 @@ def _shape_key(batch: Any) -> tuple:
 def _step_kind(trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[bool, int]:
     """What, beside the batch's shape, sets a training step's FLOPs: whether it runs a backward pass, and which
     parameters it trains (a hash of their ``requires_grad`` flags)."""
-    no_backward = bool(getattr(trainer.fit_loop, "_skip_backward", False))  # StochasticWeightAveraging's BN epoch
-    return no_backward, hash(tuple(p.requires_grad for p in pl_module.parameters()))
+    return updating_batchnorm_only(trainer), hash(tuple(p.requires_grad for p in pl_module.parameters()))
 
 
 class TrainingMeter(Callback):

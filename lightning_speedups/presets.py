@@ -233,7 +233,7 @@ def _registered_again(old: Preset, new: Preset) -> bool:
     """Whether ``new`` is ``old`` registered again: the same declaration, or a function preset from the same
     function of the same module (a reload makes a new function object)."""
     if old.callbacks or new.callbacks:  # declarative: the same declaration, setting for setting
-        return old == new or (old.callbacks, old.summary, old.description, dict(old.trainer), old.requires) == (
+        return (old.callbacks, old.summary, old.description, dict(old.trainer), old.requires) == (
             new.callbacks,
             new.summary,
             new.description,

@@ -116,8 +116,7 @@ class SamplingPlan:
                 f"{source} has {factors.shape[0] if factors.ndim else 0} repeat factors but the training dataset "
                 f"has {self.num_samples} samples."
             )
-        if not np.all(np.isfinite(factors)) or factors.min(initial=1.0) < 0:
-            raise ValueError(f"{source}: repeat factors must be finite and >= 0.")
+        factors = fs.check_factors(factors, f"{source}'s repeat factors")
         if factors.size and factors.max() < 1:  # an epoch might round every factor down: no sample to draw
             raise ValueError(f"{source}: at least one repeat factor must be >= 1 (the largest is {factors.max():g}).")
         self.repeat = RepeatPart(

@@ -142,11 +142,10 @@ class RepeatFactorSampling(SpeedupCallback):
         self.factors = factors = table.sample_factors
         self._factors_of = _weak(dataset)
         self.epoch_length = fs.epoch_length(factors)
-        if again:  # the same factors for another dataset object (a fresh wrapper per call): said already
-            pass
-        elif self._class_factors.size == 0:
+        # the same factors for another dataset object (a fresh wrapper per call) were said already
+        if not again and self._class_factors.size == 0:
             self.warn("no sample has a label, so every repeat factor is 1 and this is a plain shuffle.")
-        elif self._class_factors.max() <= 1.0:
+        elif not again and self._class_factors.max() <= 1.0:
             self.warn(
                 f"no class is in fewer than {self.threshold:g} of the samples, so every repeat factor is 1 and "
                 "this is a plain shuffle. Raise `threshold` to oversample the rarer classes."

@@ -145,8 +145,9 @@ class LinearScalingWarmup(SpeedupCallback):
         self._done: list[float] | None = None
         self._pending: dict[int, list[Any] | None] = {}
         self._pending_share: dict[int, float] = {}
-        self._written: dict[int, list[Any]] = {}  # the scaled learning rates set, to tell if they were changed since
-        self._written_values: dict[int, list[Any]] = {}  # and their values then (a tensor lr may be filled in place)
+        # the scaled learning rates set and their values then, to tell if they were changed since (another object,
+        # or a tensor lr filled in place)
+        self._written: dict[int, tuple[list[Any], list[Any]]] = {}
         self._skipped: set[int] = set()  # optimizers whose closure returned None (a skipped `training_step`)
         self._automatic = True
         self._weight_averaging = False
@@ -388,8 +389,7 @@ class LinearScalingWarmup(SpeedupCallback):
         self._pending[i] = saved  # None: nothing to restore, but `_post_step` still counts the update
         if saved is not None:
             lrs = [g["lr"] for g in optimizer.param_groups]
-            self._written[i] = lrs  # the objects set: a later write (a scheduler's) replaces them
-            self._written_values[i] = [_snapshot(lr) for lr in lrs]
+            self._written[i] = (lrs, [_snapshot(lr) for lr in lrs])  # a later write (a scheduler's) replaces them
 
     def _wrap_closure(
         self, i: int, factor: float, args: Any, kwargs: Any, *, watch: bool = False
@@ -446,7 +446,6 @@ class LinearScalingWarmup(SpeedupCallback):
     def _restore(self, i: int) -> None:
         saved = self._pending.pop(i, None)
         self._written.pop(i, None)
-        self._written_values.pop(i, None)
         if saved is not None:
             for group, lr in zip(self._optimizers[i].param_groups, saved, strict=False):
                 group["lr"] = lr
@@ -462,14 +461,13 @@ class LinearScalingWarmup(SpeedupCallback):
         scaled values set, exactly; where something changed them since (a scheduler stepped after the caught
         error), it cannot be told apart from the factor, so say so."""
         for i in list(self._pending):
-            written = self._written.get(i)
+            written, values = self._written.get(i, (None, []))
             saved = self._pending.get(i)
             groups = self._optimizers[i].param_groups if i < len(self._optimizers) else []
             if saved is None or written is None:
                 self._restore(i)
                 continue
             # another object, or the same tensor filled in place since (torch's schedulers `fill_` a tensor lr)
-            values = self._written_values.get(i, [])
             changed = any(
                 g["lr"] is not w or (isinstance(w, torch.Tensor) and j < len(values) and not torch.equal(w, values[j]))
                 for j, (g, w) in enumerate(zip(groups, written, strict=False))
@@ -477,7 +475,6 @@ class LinearScalingWarmup(SpeedupCallback):
             if changed:
                 self._pending.pop(i, None)
                 self._written.pop(i, None)
-                self._written_values.pop(i, None)
                 self.warn(
                     f"optimizer {i}'s step raised and the error was caught, so the warmup factor could not be taken "
                     "off its learning rates; they were changed since (a scheduler step?), so that step started from "

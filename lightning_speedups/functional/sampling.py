@@ -352,6 +352,14 @@ def repeat_factor_counts(factors: np.ndarray, *, seed: int, epoch: int) -> np.nd
     return stochastic_round(factors, epoch_rng(seed, epoch, STREAM_ROUND))
 
 
+def check_factors(factors: Any, who: str = "`factors`") -> np.ndarray:
+    """``factors`` as a float64 array, checked: one finite number >= 0 per sample."""
+    f = np.asarray(factors, dtype=np.float64)
+    if f.ndim != 1 or not np.isfinite(f).all() or f.min(initial=1.0) < 0:
+        raise ValueError(f"{who} must be one finite number >= 0 per sample, shape (N,); got shape {f.shape}.")
+    return f
+
+
 def repeat_factor_epoch(factors: np.ndarray, *, seed: int, epoch: int, length: int | None = None) -> np.ndarray:
     """The epoch list of repeat-factor sampling, of constant length (``round(sum(r))`` by default).
 
@@ -362,9 +370,7 @@ def repeat_factor_epoch(factors: np.ndarray, *, seed: int, epoch: int, length: i
         >>> len(e), np.bincount(e, minlength=3).tolist()
         (5, [1, 1, 3])
     """
-    factors = np.asarray(factors, dtype=np.float64)
-    if factors.ndim != 1 or not np.isfinite(factors).all() or factors.min(initial=1.0) < 0:
-        raise ValueError(f"`factors` must be one finite number >= 0 per sample, shape (N,); got shape {factors.shape}.")
+    factors = check_factors(factors)
     length = epoch_length(factors) if length is None else length
     counts = repeat_factor_counts(factors, seed=seed, epoch=epoch)
     return shuffled_epoch(len(factors), length, seed=seed, epoch=epoch, counts=counts)
