@@ -428,17 +428,21 @@ class SpeedupCallback(Callback):
         knobs = self.knobs() if knobs is None else knobs
         if not knobs or not trainer.loggers:
             return
+        metrics = self._as_metrics(knobs)
+        step = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+    def _as_metrics(self, knobs: Mapping[str, Any]) -> dict[str, float]:
+        """``knobs`` as the floats loggers take, under ``<log_name>/``; a value that is no number is an error."""
         try:
-            metrics = {f"{self._log_prefix}/{k}": float(v) for k, v in knobs.items()}
+            return {f"{self._log_prefix}/{k}": float(v) for k, v in knobs.items()}
         except (TypeError, ValueError, RuntimeError) as err:  # a str, None, a tensor of several elements
             bad = next(k for k, v in knobs.items() if not _is_number(v))
             raise TypeError(
                 f"{type(self).__name__}.knobs() gave {bad!r} = {knobs[bad]!r}, which loggers cannot take: knobs must "
                 "be numbers (a bool, an int, a float, a 0-d tensor). Log other values yourself, or leave them out."
             ) from err
-        step = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step)
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=step)
 
     def warn(self, message: str, *, every_rank: bool = False) -> None:
         """Warn once per process group: on rank zero only.
@@ -627,8 +631,13 @@ class SpeedupCallback(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.log_knobs and trainer.loggers and _should_log(trainer):
-            self.log_now(trainer)
+        if self.log_knobs and trainer.loggers:
+            if _should_log(trainer):
+                self.log_now(trainer)
+            elif "_knobs_checked" not in self.__dict__:
+                # a knob loggers cannot take fails at the first step, not at the first logging step (step 50)
+                self._as_metrics(self.knobs())
+                self._knobs_checked = True
 
 
 _MISSING = object()

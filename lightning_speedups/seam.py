@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.callbacks import StochasticWeightAveraging
-from lightning.pytorch.trainer.states import RunningStage
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -69,8 +69,11 @@ class BatchTransformSeam:
         trainer = self.trainer
         # One read of the stage rather than `trainer.training and not trainer.sanity_checking` (each a chain of
         # properties and a string-enum comparison, paid on every batch): sanity checking is a stage of its own.
-        stage = trainer.state.stage
+        state = trainer.state
+        stage = state.stage
         if stage is not RunningStage.TRAINING and stage is not RunningStage.VALIDATING:
+            return batch
+        if state.fn is not TrainerFn.FITTING:  # `trainer.validate()`, with a seam left by a teardown without super()
             return batch
         if trainer.callbacks is not self._active_for:
             self._refresh_active()

@@ -349,6 +349,17 @@ def test_a_knob_that_is_not_a_number_is_named_in_the_error():
         )
 
 
+def test_a_knob_that_is_not_a_number_fails_at_the_first_step_not_the_first_logging_step():
+    class Named(SpeedupCallback):
+        def knobs(self):
+            return {"schedule": "cosine"}
+
+    t = trainer(callbacks=[Named()], max_steps=4, logger=MemoryLogger(), log_every_n_steps=50)
+    with pytest.raises(TypeError, match=r"Named\.knobs\(\) gave 'schedule' = 'cosine'"):
+        t.fit(RecordingModule(), loaders("list")[0])
+    assert t.global_step == 1
+
+
 class BatchNormModule(RecordingModule):
     def __init__(self) -> None:
         super().__init__()

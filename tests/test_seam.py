@@ -121,6 +121,28 @@ def test_with_the_mixin_and_validate_test_predict_untouched():
         assert torch.equal(seen, raw[i % len(raw)])
 
 
+def test_a_seam_left_by_a_teardown_without_super_leaves_validate_batches_alone():
+    class NoSuperTeardown(AddToInput):
+        def transform_validation_batch(self, trainer, pl_module, batch):
+            self.calls.append("validation")
+            return batch
+
+        def teardown(self, trainer, pl_module, stage):  # forgets super(): the seam stays on the strategy
+            pass
+
+    log: list = []
+    model = RecordingModule()
+    train, val = loaders("list", n=32)
+    t = trainer(callbacks=[NoSuperTeardown(1.0, log)], max_epochs=1, limit_val_batches=1, num_sanity_val_steps=0)
+    t.fit(model, train, val)
+    assert log.count("validation") == 1  # validation during fit goes through the callback
+    del log[:]
+    model.val_batches.clear()
+    t.validate(model, val, verbose=False)
+    assert log == []  # `validate()` is no fit: its batches come as they are
+    assert torch.equal(model.val_batches[0][0], next(iter(val))[0])
+
+
 def test_refit_installs_again_and_two_trainers_do_not_leak():
     log: list = []
     cb = AddToInput(1.0, log)
