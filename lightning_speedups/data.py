@@ -20,6 +20,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import (
+    BatchSampler,
     ConcatDataset,
     DataLoader,
     Dataset,
@@ -132,13 +133,26 @@ class ResumableDataLoader(DataLoader):
         return self.sampler
 
     def _samples_per_batch(self) -> int | None:
-        """Samples per batch, to skip a resumed epoch's first batches; None for batches of varying size."""
+        """Samples per batch, to skip a resumed epoch's first batches at the sampler; None where the batches are
+        not the sampler's indices taken in order, ``batch_size`` at a time (a batch sampler of the user's)."""
         if self.batch_size is not None:
             return int(self.batch_size)
         if self.batch_sampler is None:
             return 1  # automatic batching off: each sample is a batch
+        if type(self.batch_sampler).__iter__ is not BatchSampler.__iter__:
+            # grouping by aspect ratio or length, say: batch k holds other indices than the sampler's k-th block
+            return None
         size = getattr(self.batch_sampler, "batch_size", None)
         return size if isinstance(size, int) and size > 0 else None
+
+    @property
+    def _index_sampler(self) -> Any:
+        # what DataLoader iterators draw their batches' indices from; after a mid-epoch resume under a batch
+        # sampler of the user's, one that leaves out the first batches of its next pass
+        index_sampler = super()._index_sampler
+        if self.__dict__.get("_skip_batches") and index_sampler is self.batch_sampler:
+            return _SkipFirstBatches(index_sampler, self)
+        return index_sampler
 
     def _order_seeds(self, dm: SpeedupDataModule) -> list[int]:
         """The seeds the order follows: the sampler's own (``order_seeds`` of the sampling callbacks' sampler, each
@@ -214,14 +228,34 @@ class ResumableDataLoader(DataLoader):
         if done or not state_dict.get("batches"):
             return
         skip, per_batch = getattr(sampler, "skip_next", None), self._samples_per_batch()
-        if skip is None or per_batch is None:
-            why = "has no `skip_next`" if skip is None else "sits under a batch sampler with no fixed `batch_size`"
+        if per_batch is None:
+            # a batch sampler of the user's: its next pass (in the order `set_epoch` restored) drawn and its first
+            # batches left out, whatever it groups; their indices only, no sample is loaded for them
+            self._skip_batches = int(state_dict["batches"])
+            return
+        if skip is None:
             rank_zero_warn(
-                f"The training sampler {type(sampler).__name__} {why}: a run resumed mid-epoch restarts the "
-                "epoch's data from its first batch."
+                f"The training sampler {type(sampler).__name__} has no `skip_next`: a run resumed mid-epoch "
+                "restarts the epoch's data from its first batch."
             )
             return
         skip(state_dict["batches"] * per_batch)
+
+
+class _SkipFirstBatches:
+    """A loader's batch sampler whose next pass leaves out the loader's pending ``_skip_batches`` batches."""
+
+    def __init__(self, batch_sampler: Any, loader: ResumableDataLoader) -> None:
+        self.batch_sampler, self.loader = batch_sampler, loader
+
+    def __iter__(self) -> Iterator[Any]:
+        # read at the first batch, as a sampler's `skip_next` is: Lightning makes a resumed run's iterator before
+        # it restores the loader's position
+        skip, self.loader._skip_batches = self.loader._skip_batches, 0
+        yield from itertools.islice(iter(self.batch_sampler), skip, None)
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
 
 
 def _restoring_checkpoint(trainer: pl.Trainer | None) -> bool:

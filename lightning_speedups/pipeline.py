@@ -201,7 +201,8 @@ class ScheduledResize:
     ``SpeedupDataModule``. Outside training batches (validation, your own indexing) it produces the full size,
     but otherwise transforms as it does in training: with a random ``factory`` (e.g. ``RandomResizedCrop``),
     give the validation dataset its own deterministic transform (e.g. ``Resize`` and ``CenterCrop``).
-    Works on PIL images and on ``(..., H, W)`` tensors.
+    Works on PIL images and on ``(..., H, W)`` tensors, alone or with their masks and boxes (``transform(image,
+    mask)``, as torchvision's v2 transforms are called for segmentation and detection).
 
     Args:
         size: the full size ``(H, W)`` (an int for a square), i.e. what the pipeline produces without
@@ -289,20 +290,64 @@ class ScheduledResize:
             )
         return plan.size_for(full)
 
-    def __call__(self, image: Any) -> Any:
-        size = self.target_size(image)
-        if self.factory is not None:
-            transform = self._built.get(size)
-            if transform is None:
-                transform = self._built[size] = self.factory(size)
-            return transform(image)
-        if _image_size(image) == size:
-            return image
-        import torchvision.transforms.v2.functional as TF
+    def __call__(self, *inputs: Any) -> Any:
+        """Transform a sample: one image, or (as torchvision's v2 transforms take them) several inputs or a
+        structure of them, e.g. ``(image, mask)`` or a dict; the size is the image's, and v2 resizes masks
+        (``tv_tensors.Mask``) and boxes to match, masks with nearest."""
+        if not inputs:
+            raise TypeError("ScheduledResize needs the sample to transform: call it with an image (or several inputs).")
+        joint = len(inputs) > 1 or not _is_image(inputs[0])
+        size = self.target_size(_find_image(inputs) if joint else inputs[0])
+        if self.factory is None and not joint:
+            image = inputs[0]
+            if _image_size(image) == size:
+                return image
+            import torchvision.transforms.v2.functional as TF
+            from torchvision.transforms import InterpolationMode
+
+            mode = InterpolationMode(self.interpolation)
+            return TF.resize(image, list(size), interpolation=mode, antialias=self.antialias)
+        transform = self._built.get(size)
+        if transform is None:
+            transform = self._built[size] = self.factory(size) if self.factory is not None else self._resize(size)
+        return transform(*inputs)
+
+    def _resize(self, size: Size) -> Callable[..., Any]:
+        import torchvision.transforms.v2 as T
         from torchvision.transforms import InterpolationMode
 
-        mode = InterpolationMode(self.interpolation)
-        return TF.resize(image, list(size), interpolation=mode, antialias=self.antialias)
+        return T.Resize(list(size), interpolation=InterpolationMode(self.interpolation), antialias=self.antialias)
+
+
+def _is_image(x: Any) -> bool:
+    """A PIL image or an ``(..., H, W)`` tensor: what the sizes are read from."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.ndim >= 2
+    try:
+        from PIL import Image
+    except ImportError:  # pragma: no cover - torchvision depends on Pillow
+        return False
+    return isinstance(x, Image.Image)
+
+
+def _find_image(inputs: tuple[Any, ...]) -> Any:
+    """The image among a joint sample's inputs, as torchvision's v2 transforms pick it: a ``tv_tensors.Image`` or
+    a PIL image first, else the first plain tensor (masks, boxes and labels are not where the size is read)."""
+    from torch.utils._pytree import tree_flatten
+    from torchvision import tv_tensors
+
+    leaves = [x for x in tree_flatten(inputs)[0] if _is_image(x)]
+    images = [x for x in leaves if isinstance(x, tv_tensors.Image | tv_tensors.Video) or not hasattr(x, "ndim")]
+    plain = [x for x in leaves if not isinstance(x, tv_tensors.TVTensor) and hasattr(x, "ndim")]
+    found = images or plain
+    if not found:
+        raise TypeError(
+            "ScheduledResize found no image in its inputs (a PIL image or an (..., H, W) tensor); got "
+            f"{', '.join(type(x).__name__ for x in tree_flatten(inputs)[0])}."
+        )
+    return found[0]
 
 
 def _image_size(image: Any) -> Size:

@@ -353,9 +353,24 @@ def test_resume_when_the_loader_is_built_before_the_restore(tmp_path, step, num_
     assert resumed == full[step:]
 
 
+class GroupedBatches(torch.utils.data.BatchSampler):
+    """Batches of one group each (index parity), in the order the sampler's indices fill them: torchvision's
+    GroupedBatchSampler, aspect-ratio or length bucketing. Batch k is not the sampler's k-th block of indices."""
+
+    def __iter__(self):
+        buffers: dict[int, list[int]] = {0: [], 1: []}
+        for i in self.sampler:
+            buffer = buffers[i % 2]
+            buffer.append(i)
+            if len(buffer) == self.batch_size:
+                yield list(buffer)
+                buffer.clear()
+        yield from (buffer for buffer in buffers.values() if buffer)
+
+
 class OwnLoaderDM(IndexedDM):
     """A `train_dataloader` of the user's own: a ResumableDataLoader given the datamodule (docs/data.md), with the
-    sampler passed directly or inside a batch sampler."""
+    sampler passed directly or inside a batch sampler (plain, or one that groups)."""
 
     def __init__(self, batch_sampler=False, **kwargs):
         super().__init__(**kwargs)
@@ -365,12 +380,13 @@ class OwnLoaderDM(IndexedDM):
         dataset = self.train_dataset
         sampler = self.train_sampler(dataset)
         if self.use_batch_sampler:
-            batches = torch.utils.data.BatchSampler(sampler, self.batch_size, drop_last=False)
+            kind = GroupedBatches if self.use_batch_sampler == "grouped" else torch.utils.data.BatchSampler
+            batches = kind(sampler, self.batch_size, drop_last=False)
             return ResumableDataLoader(dataset, batch_sampler=batches, speedups_datamodule=self, num_workers=1)
         return ResumableDataLoader(dataset, batch_size=self.batch_size, sampler=sampler, speedups_datamodule=self)
 
 
-@pytest.mark.parametrize("batch_sampler", [False, True], ids=["sampler", "batch-sampler"])
+@pytest.mark.parametrize("batch_sampler", [False, True, "grouped"], ids=["sampler", "batch-sampler", "grouped"])
 @pytest.mark.parametrize("step", [6, 8], ids=["mid-epoch", "epoch-end"])
 def test_a_users_own_resumable_loader_resumes_where_the_run_stopped(tmp_path, step, batch_sampler):
     # Its own loader was never registered with the datamodule (the epoch restarted under #20550), and with a batch

@@ -392,6 +392,33 @@ def test_a_train_dataloader_override_fails_with_its_cause():
         )
 
 
+@pytest.mark.parametrize("factory", [None, T.RandomResizedCrop], ids=["resize", "factory"])
+def test_an_image_and_its_mask_come_to_the_same_size_the_mask_with_nearest(factory):
+    from torchvision import tv_tensors
+
+    g = torch.Generator().manual_seed(0)
+    image = tv_tensors.Image(torch.rand(3, SIZE, SIZE, generator=g))
+    mask = tv_tensors.Mask(torch.randint(0, 5, (SIZE, SIZE), generator=g))
+    resize = ScheduledResize(SIZE, factory=factory)
+
+    class Pairs(Dataset):
+        def __len__(self):
+            return 1
+
+        def __getitem__(self, i):  # the v2 way: one call, every input transformed alike
+            return resize(image, mask), resize({"image": image, "mask": mask})
+
+    (img, msk), as_dict = ResolutionDataset(Pairs())[PlannedIndex(0, ResizePlan(scale=0.5))]
+    assert img.shape == (3, 8, 8) and msk.shape == (8, 8) and as_dict["mask"].shape == (8, 8)
+    assert msk.dtype == torch.long and set(msk.unique().tolist()) <= set(mask.unique().tolist())  # nearest
+    if factory is None:
+        assert torch.equal(msk, mask[::2, ::2]) and torch.equal(as_dict["mask"], msk)
+    (img, msk), _ = Pairs()[0]  # outside a planned batch: full size
+    assert img.shape == (3, SIZE, SIZE) and msk.shape == (SIZE, SIZE)
+    with pytest.raises(TypeError, match=r"found no image in its inputs.*str"):
+        ScheduledResize()("not an image", 3)
+
+
 def test_wrappers_directly():
     base = TransformedImages(8, ScheduledResize(interpolation="nearest"))
     wrapped = ResolutionDataset(base)
