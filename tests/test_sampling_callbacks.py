@@ -719,3 +719,14 @@ def test_a_scorer_that_returns_no_scores_is_named():
     cur = CurriculumOrdering("fixed_exponential", difficulty=lambda module, batch: None, start_fraction=0.1)
     with pytest.raises(TypeError, match=r"the scorer returned NoneType; it must return one number per sample"):
         fit([cur], max_epochs=1)
+
+
+def test_a_scorer_that_fails_names_the_batch_and_where_loss_score_read_it():
+    # the labels taken for the input: the model fails deep inside torch, the message says why
+    cur = CurriculumOrdering(difficulty=LossScore(input_key=1, target_key=0))
+    with pytest.raises(
+        RuntimeError,
+        match=r"the scorer LossScore failed on a batch of the training set, a list of \(Tensor \(8, 1\) float32, "
+        r"Tensor \(8,\) int64\): RuntimeError: .*It read the input from 1 and the target from 0",
+    ):
+        fit([cur], max_epochs=1)

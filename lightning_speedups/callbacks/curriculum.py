@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -74,6 +74,21 @@ class LossScore:
     def __call__(self, pl_module: Any, batch: Any) -> Tensor:
         x, y = self.fields.get(batch)
         return self.loss(pl_module(x), y, reduction="none")
+
+
+def _describe_batch(batch: Any) -> str:
+    """A batch's structure in a few words, for error messages: ``a list of (Tensor (8,) int64, ...)``."""
+
+    def one(x: Any) -> str:
+        if isinstance(x, Tensor):
+            return f"Tensor {tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}"
+        return type(x).__name__
+
+    if isinstance(batch, Mapping):
+        return f"a {type(batch).__name__} of {{{', '.join(f'{k!r}: {one(v)}' for k, v in batch.items())}}}"
+    if isinstance(batch, list | tuple):
+        return f"a {type(batch).__name__} of ({', '.join(one(v) for v in batch)})"
+    return f"a {one(batch)}"
 
 
 class CurriculumOrdering(SpeedupCallback):
@@ -322,7 +337,24 @@ class CurriculumOrdering(SpeedupCallback):
                 done = 0
                 for batch in loader:
                     batch = move_data_to_device(trainer.precision_plugin.convert_input(batch), pl_module.device)
-                    raw = scorer(pl_module, batch)
+                    try:
+                        raw = scorer(pl_module, batch)
+                    except Exception as err:  # e.g. LossScore reading an index column as the input
+                        name = getattr(scorer, "__qualname__", type(scorer).__name__)
+                        hint = ""
+                        if isinstance(scorer, LossScore):
+                            try:
+                                where = [scorer.fields.key_of(batch, which) for which in ("input", "target")]
+                                hint = (
+                                    f" It read the input from {where[0]!r} and the target from {where[1]!r}: if "
+                                    "they are elsewhere, pass `input_key=` and `target_key=` to LossScore."
+                                )
+                            except Exception:  # the fields themselves are missing: the error says so
+                                pass
+                        raise RuntimeError(
+                            f"{self._who}: the scorer {name} failed on a batch of the training set, "
+                            f"{_describe_batch(batch)}: {type(err).__name__}: {err}.{hint}"
+                        ) from err
                     try:
                         scores = torch.as_tensor(raw).detach().reshape(-1)
                     except (TypeError, RuntimeError, ValueError) as err:
