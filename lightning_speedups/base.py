@@ -634,7 +634,7 @@ class SpeedupCallback(Callback):
         if self.log_knobs and trainer.loggers:
             if _should_log(trainer):
                 self.log_now(trainer)
-            elif "_knobs_checked" not in self.__dict__:
+            elif "_knobs_checked" not in self.__dict__ and trainer.log_every_n_steps:
                 # a knob loggers cannot take fails at the first step, not at the first logging step (step 50)
                 self._as_metrics(self.knobs())
                 self._knobs_checked = True

@@ -228,9 +228,10 @@ class ResumableDataLoader(DataLoader):
         if done or not state_dict.get("batches"):
             return
         skip, per_batch = getattr(sampler, "skip_next", None), self._samples_per_batch()
-        if per_batch is None:
-            # a batch sampler of the user's: its next pass (in the order `set_epoch` restored) drawn and its first
-            # batches left out, whatever it groups; their indices only, no sample is loaded for them
+        if per_batch is None and skip is not None:
+            # a batch sampler of the user's around a sampler that replays an epoch's order (ours, `set_epoch` above):
+            # that pass drawn again and its first batches left out, whatever it groups; indices only, no sample is
+            # loaded for them
             self._skip_batches = int(state_dict["batches"])
             return
         if skip is None:

@@ -290,10 +290,12 @@ class ScheduledResize:
             )
         return plan.size_for(full)
 
-    def __call__(self, *inputs: Any) -> Any:
+    def __call__(self, *inputs: Any, image: Any = None) -> Any:
         """Transform a sample: one image, or (as torchvision's v2 transforms take them) several inputs or a
         structure of them, e.g. ``(image, mask)`` or a dict; the size is the image's, and v2 resizes masks
         (``tv_tensors.Mask``) and boxes to match, masks with nearest."""
+        if image is not None:  # `transform(image=x)`, as the single-image signature allowed
+            inputs = (image, *inputs)
         if not inputs:
             raise TypeError("ScheduledResize needs the sample to transform: call it with an image (or several inputs).")
         joint = len(inputs) > 1 or not _is_image(inputs[0])

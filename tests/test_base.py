@@ -358,6 +358,10 @@ def test_a_knob_that_is_not_a_number_fails_at_the_first_step_not_the_first_loggi
     with pytest.raises(TypeError, match=r"Named\.knobs\(\) gave 'schedule' = 'cosine'"):
         t.fit(RecordingModule(), loaders("list")[0])
     assert t.global_step == 1
+    # with logging off (`log_every_n_steps=0`) no knob is ever read, nor refused
+    trainer(callbacks=[Named()], max_steps=2, logger=MemoryLogger(), log_every_n_steps=0).fit(
+        RecordingModule(), loaders("list")[0]
+    )
 
 
 class BatchNormModule(RecordingModule):

@@ -395,6 +395,17 @@ def test_a_users_own_resumable_loader_resumes_where_the_run_stopped(tmp_path, st
     assert resumed == full[step:]
 
 
+def test_a_grouping_batch_sampler_around_a_sampler_that_cannot_replay_its_order_restarts_the_epoch_and_says_so():
+    # a RandomSampler draws another order on resume: leaving out the first batches of that one would lose samples
+    dataset = TensorDataset(torch.arange(32).float().unsqueeze(1))
+    loader = ResumableDataLoader(
+        dataset, batch_sampler=GroupedBatches(torch.utils.data.RandomSampler(dataset), 4, False)
+    )
+    with pytest.warns(UserWarning, match="RandomSampler has no `skip_next`.*restarts the epoch"):
+        loader.load_state_dict({"epoch": 0, "batches": 2, "epoch_done": 0, "seeds": [0]})
+    assert sorted(int(i) for b in loader for i in b[0].flatten()) == list(range(32))
+
+
 def test_a_batch_sampler_around_our_sharded_sampler_shows_it_to_lightning():
     # Lightning reads `loader.sampler` (a default SequentialSampler beside a batch sampler) to decide whether to
     # replace the order under DDP: it swapped our sharded sampler for its own DistributedSampler (checked on 2

@@ -415,6 +415,7 @@ def test_an_image_and_its_mask_come_to_the_same_size_the_mask_with_nearest(facto
         assert torch.equal(msk, mask[::2, ::2]) and torch.equal(as_dict["mask"], msk)
     (img, msk), _ = Pairs()[0]  # outside a planned batch: full size
     assert img.shape == (3, SIZE, SIZE) and msk.shape == (SIZE, SIZE)
+    assert ScheduledResize(8)(image=img).shape == (3, 8, 8)  # the single-image keyword still works
     with pytest.raises(TypeError, match=r"found no image in its inputs.*str"):
         ScheduledResize()("not an image", 3)
 

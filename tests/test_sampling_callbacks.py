@@ -3,6 +3,7 @@
 import copy
 import itertools
 import math
+import sys
 import warnings
 
 import numpy as np
@@ -724,9 +725,13 @@ def test_a_scorer_that_returns_no_scores_is_named():
 def test_a_scorer_that_fails_names_the_batch_and_where_loss_score_read_it():
     # the labels taken for the input: the model fails deep inside torch, the message says why
     cur = CurriculumOrdering(difficulty=LossScore(input_key=1, target_key=0))
-    with pytest.raises(
-        RuntimeError,
-        match=r"the scorer LossScore failed on a batch of the training set, a list of \(Tensor \(8, 1\) float32, "
-        r"Tensor \(8,\) int64\): RuntimeError: .*It read the input from 1 and the target from 0",
-    ):
+    with pytest.raises(RuntimeError) as raised:  # torch's own error, its type kept (an OOM stays an OOM)
         fit([cur], max_epochs=1)
+    assert type(raised.value) is RuntimeError
+    notes = getattr(raised.value, "__notes__", None)
+    if sys.version_info >= (3, 11):
+        assert notes == [
+            "CurriculumOrdering: raised by the scorer LossScore on a batch of the training set, a list of "
+            "(Tensor (8, 1) float32, Tensor (8,) int64). LossScore read the input from 1 and the target from 0: if "
+            "they are elsewhere, pass `input_key=` and `target_key=` to it."
+        ]

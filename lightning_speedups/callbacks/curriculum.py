@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 from lightning_speedups import _checks
 from lightning_speedups._rng import global_rng_kept
 from lightning_speedups.base import SpeedupCallback, cap_by_max_steps, run_length
-from lightning_speedups.batch import BatchFields, Key
+from lightning_speedups.batch import BatchFieldError, BatchFields, Key
 from lightning_speedups.functional import sampling as fs
 from lightning_speedups.samplers import (
     SamplingPlan,
@@ -312,6 +312,21 @@ class CurriculumOrdering(SpeedupCallback):
         self.order, self._order_seed = order, seed
         return order
 
+    def _scorer_note(self, scorer: Any, batch: Any) -> str:
+        """What a scorer that raised was given, and for ``LossScore`` where it read the input and target."""
+        name = getattr(scorer, "__qualname__", type(scorer).__name__)
+        note = f"{self._who}: raised by the scorer {name} on a batch of the training set, {_describe_batch(batch)}."
+        if isinstance(scorer, LossScore):
+            try:
+                where = [scorer.fields.key_of(batch, which) for which in ("input", "target")]
+            except Exception:  # no such fields: not what went wrong, as the scorer read them
+                return note
+            note += (
+                f" LossScore read the input from {where[0]!r} and the target from {where[1]!r}: if they are elsewhere,"
+                " pass `input_key=` and `target_key=` to it."
+            )
+        return note
+
     def score(self, trainer: pl.Trainer, pl_module: pl.LightningModule, datamodule: SpeedupDataModule) -> np.ndarray:
         """Run the scorer over the training set: each rank scores a contiguous part, then all ranks gather."""
         scorer = self.difficulty
@@ -340,21 +355,10 @@ class CurriculumOrdering(SpeedupCallback):
                     try:
                         raw = scorer(pl_module, batch)
                     except Exception as err:  # e.g. LossScore reading an index column as the input
-                        name = getattr(scorer, "__qualname__", type(scorer).__name__)
-                        hint = ""
-                        if isinstance(scorer, LossScore):
-                            try:
-                                where = [scorer.fields.key_of(batch, which) for which in ("input", "target")]
-                                hint = (
-                                    f" It read the input from {where[0]!r} and the target from {where[1]!r}: if "
-                                    "they are elsewhere, pass `input_key=` and `target_key=` to LossScore."
-                                )
-                            except Exception:  # the fields themselves are missing: the error says so
-                                pass
-                        raise RuntimeError(
-                            f"{self._who}: the scorer {name} failed on a batch of the training set, "
-                            f"{_describe_batch(batch)}: {type(err).__name__}: {err}.{hint}"
-                        ) from err
+                        if hasattr(err, "add_note") and not isinstance(err, BatchFieldError):  # Python 3.11+
+                            # a note, not another exception: its type stays what `except` clauses (an OOM's) expect
+                            err.add_note(self._scorer_note(scorer, batch))
+                        raise
                     try:
                         scores = torch.as_tensor(raw).detach().reshape(-1)
                     except (TypeError, RuntimeError, ValueError) as err:
