@@ -355,6 +355,24 @@ def test_recalibration_errors_clearly_and_takes_a_custom_forward():
     )
     trainer(callbacks=[cb], max_epochs=1).fit(DictForward(), *loaders("list", size=SIZE))
     assert cb.recalibrations == 1
+    # a run that never validates needs no calibration forward: none is checked, no batch kept for it
+    train, val = loaders("list", size=SIZE)
+    for kwargs, fit_loaders in (({"limit_val_batches": 0}, (train, val)), ({}, (train,))):
+        cb = ProgressiveResizing(0.5, 1.0, 0.0, mode="crop")  # "auto" is "recalibrate" in crop mode
+        t = trainer(callbacks=[cb], max_epochs=1, **kwargs)
+        t.fit(DictForward(), *fit_loaders)
+        assert t.global_step == 4 and cb.recalibrations == 0 and not cb._cache
+
+
+def test_weight_averaging_validates_its_own_statistics_so_recalibration_stands_aside():
+    from lightning.pytorch.callbacks import EMAWeightAveraging
+
+    cb = ProgressiveResizing(0.5, 1.0, 0.0, mode="crop", validation="recalibrate")
+    with pytest.warns(SpeedupWarning, match=r"EMAWeightAveraging validates its averaged weights.*'train_size'"):
+        trainer(callbacks=[cb, EMAWeightAveraging(decay=0.5)], max_epochs=1).fit(
+            SizeRecorder(), *loaders("list", size=SIZE)
+        )
+    assert cb.recalibrations == 0 and not cb._cache
 
 
 class DeviceNormalize(SpeedupCallback):

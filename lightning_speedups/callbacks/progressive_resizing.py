@@ -11,7 +11,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, WeightAveraging
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor, nn
@@ -73,6 +73,14 @@ def _integer(name: str, value: Any, minimum: int) -> int:
 
 #: torch's messages for inputs of a size a layer cannot take (a flatten before a Linear, a fixed embedding)
 _SHAPE_ERROR = re.compile(r"shape|size mismatch|must match the size|mat1 and mat2|Expected .*size|input size", re.I)
+
+
+def _validates(trainer: pl.Trainer) -> bool:
+    """Whether this fit can validate: batches allowed, a ``validation_step``, and a validation loader defined."""
+    if trainer.limit_val_batches == 0 or not is_overridden("validation_step", trainer.lightning_module):
+        return False
+    source = getattr(getattr(trainer.fit_loop.epoch_loop, "val_loop", None), "_data_source", None)
+    return source is None or not hasattr(source, "is_defined") or bool(source.is_defined())
 
 
 class ProgressiveResizing(SpeedupCallback):
@@ -240,7 +248,9 @@ class ProgressiveResizing(SpeedupCallback):
         self._cache: deque[Tensor] = deque(maxlen=self.calibration_batches)
         self._epoch_counts: dict[tuple[Any, ...], tuple[int, float]] = {}  # pipeline: (steps before, total)
         self._snapshot: Any = None
-        self._has_bn = False
+        # this fit re-estimates BatchNorm statistics before validation: the remedy, BatchNorm layers, a validation
+        # to correct, and the model's own statistics in it (worked out at `on_train_start`)
+        self._recalibrates = False
         self._trained_bn: list[nn.Module] = []  # the BatchNorm layers in training mode while training
         self._bn_modes_stale = True
         self._warned_unreached = False
@@ -302,7 +312,7 @@ class ProgressiveResizing(SpeedupCallback):
     def observe_training_batch(self) -> Callable[[pl.Trainer, pl.LightningModule, Any], None] | None:
         """The seam's hook that hands over each training batch as validation would see it (not mixed by a MixUp
         before this one, normalised by a callback that normalises validation too), when recalibration needs one."""
-        wanted = self.mode != "pipeline" and self.val_remedy == "recalibrate" and self._has_bn
+        wanted = self.mode != "pipeline" and self._recalibrates
         return self._keep_for_calibration if wanted else None
 
     def _keep_for_calibration(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
@@ -317,10 +327,10 @@ class ProgressiveResizing(SpeedupCallback):
         target = self.fields.get_target(batch) if self.resize_targets else None
         if not self._checked:
             self._check_batch(x, target)
-            if self.val_remedy == "recalibrate" and self._has_bn:
+            if self._recalibrates:
                 self._check_calibration_forward(trainer, pl_module, x)
             self._checked = True
-        if self._bn_modes_stale and self.val_remedy == "recalibrate" and self._has_bn:
+        if self._bn_modes_stale and self._recalibrates:
             # once per epoch: frozen (eval-mode) BatchNorm layers keep their statistics at validation
             # (lazy layers included: the module object stays, and has its statistics once a batch went through)
             self._trained_bn = [bn for bn in batchnorm_layers(pl_module, lazy=True) if bn.training]
@@ -515,7 +525,7 @@ class ProgressiveResizing(SpeedupCallback):
         measures otherwise than the saved model would score at full size: say so, with the setting that fits."""
         if self.val_remedy == "full" or (self.ramp is None and self.initial_scale >= 1.0):
             return
-        if trainer.limit_val_batches == 0 or not is_overridden("validation_step", trainer.lightning_module):
+        if not _validates(trainer):
             return  # no validation: nothing it measures is monitored
 
         def validation_metric(key: Any) -> bool:  # a training metric ("train_loss") is measured as trained
@@ -543,10 +553,27 @@ class ProgressiveResizing(SpeedupCallback):
             "model as it is saved."
         )
 
+    def _recalibration_wanted(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
+        if self.val_remedy != "recalibrate" or not batchnorm_layers(pl_module, lazy=True):  # after `configure_model`
+            return False
+        if not _validates(trainer):
+            return False  # nothing to correct: no calibration forward to check, no batches to keep
+        averaging = [cb for cb in trainer.callbacks if isinstance(cb, WeightAveraging)]
+        if averaging:
+            # it swaps its averaged parameters *and buffers* in for validation: the statistics recalibrated here
+            # would sit unused in the model it swapped out
+            self.warn(
+                f"{type(averaging[0]).__name__} validates its averaged weights with their own BatchNorm statistics, "
+                "which validation='recalibrate' does not reach: validation runs on statistics of the training size. "
+                "Pass validation='train_size' (validate at the training size) or 'full'."
+            )
+            return False
+        return True
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._reduced_step_done = False
-        self._has_bn = bool(batchnorm_layers(pl_module, lazy=True))  # here: after `configure_model`
+        self._recalibrates = self._recalibration_wanted(trainer, pl_module)
         if self.fields.getter is None:
             self.check_single_loader(trainer, "training batches with one image input")
         self._check_monitors(trainer)
@@ -594,7 +621,7 @@ class ProgressiveResizing(SpeedupCallback):
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._val_size = None
-        if self.val_remedy != "recalibrate" or not self._has_bn:
+        if not self._recalibrates:
             return
         if trainer.sanity_checking or trainer.state.fn != "fit" or self._plan is None or self._plan.is_full:
             return  # trained at full size: the running statistics fit
