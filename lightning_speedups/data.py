@@ -27,6 +27,7 @@ from torch.utils.data import (
     DistributedSampler,
     IterableDataset,
     Sampler,
+    SequentialSampler,
     Subset,
     TensorDataset,
 )
@@ -228,11 +229,20 @@ class ResumableDataLoader(DataLoader):
         if done or not state_dict.get("batches"):
             return
         skip, per_batch = getattr(sampler, "skip_next", None), self._samples_per_batch()
-        if per_batch is None and skip is not None:
-            # a batch sampler of the user's around a sampler that replays an epoch's order (ours, `set_epoch` above):
-            # that pass drawn again and its first batches left out, whatever it groups; indices only, no sample is
-            # loaded for them
-            self._skip_batches = int(state_dict["batches"])
+        if per_batch is None:
+            # a batch sampler of the user's, around a sampler that replays an epoch's order (ours and a
+            # DistributedSampler after `set_epoch` above, a SequentialSampler): that pass drawn again and its first
+            # batches left out, whatever it groups; indices only, no sample is loaded for them
+            inner = getattr(self.batch_sampler, "sampler", None)
+            if skip is not None or isinstance(inner, SequentialSampler | DistributedSampler):
+                self._skip_batches = int(state_dict["batches"])
+                return
+            what = (
+                f"The training sampler {type(inner).__name__} replays no epoch's order"
+                if inner is not None
+                else f"The batch sampler {type(self.batch_sampler).__name__} shows no sampler whose order replays"
+            )
+            rank_zero_warn(f"{what}: a run resumed mid-epoch restarts the epoch's data from its first batch.")
             return
         if skip is None:
             rank_zero_warn(

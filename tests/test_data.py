@@ -401,9 +401,16 @@ def test_a_grouping_batch_sampler_around_a_sampler_that_cannot_replay_its_order_
     loader = ResumableDataLoader(
         dataset, batch_sampler=GroupedBatches(torch.utils.data.RandomSampler(dataset), 4, False)
     )
-    with pytest.warns(UserWarning, match="RandomSampler has no `skip_next`.*restarts the epoch"):
+    with pytest.warns(UserWarning, match="RandomSampler replays no epoch's order.*restarts the epoch"):
         loader.load_state_dict({"epoch": 0, "batches": 2, "epoch_done": 0, "seeds": [0]})
     assert sorted(int(i) for b in loader for i in b[0].flatten()) == list(range(32))
+    # a SequentialSampler replays its order: the batches after the first two, exactly
+    loader = ResumableDataLoader(
+        dataset, batch_sampler=GroupedBatches(torch.utils.data.SequentialSampler(dataset), 4, False)
+    )
+    full = [b[0].flatten().tolist() for b in loader]
+    loader.load_state_dict({"epoch": 0, "batches": 2, "epoch_done": 0, "seeds": [0]})
+    assert [b[0].flatten().tolist() for b in loader] == full[2:]
 
 
 def test_a_batch_sampler_around_our_sharded_sampler_shows_it_to_lightning():

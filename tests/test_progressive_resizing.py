@@ -2,6 +2,7 @@
 
 import copy
 import pickle
+import re
 import sys
 import warnings
 from typing import Any
@@ -364,14 +365,19 @@ def test_recalibration_errors_clearly_and_takes_a_custom_forward():
         assert t.global_step == 4 and cb.recalibrations == 0 and not cb._cache
 
 
-def test_weight_averaging_validates_its_own_statistics_so_recalibration_stands_aside():
+def test_weight_averaging_validates_its_own_statistics_so_recalibration_stands_aside(tmp_path):
     from lightning.pytorch.callbacks import EMAWeightAveraging
 
     cb = ProgressiveResizing(0.5, 1.0, 0.0, mode="crop", validation="recalibrate")
-    with pytest.warns(SpeedupWarning, match=r"EMAWeightAveraging validates its averaged weights.*'train_size'"):
-        trainer(callbacks=[cb, EMAWeightAveraging(decay=0.5)], max_epochs=1).fit(
+    # validation then scores the averaged model at full size, as a checkpoint saves it: no monitor warning
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", save_top_k=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer(callbacks=[cb, EMAWeightAveraging(decay=0.5), checkpoint], max_epochs=1, enable_checkpointing=True).fit(
             SizeRecorder(), *loaders("list", size=SIZE)
         )
+    ours = [str(w.message) for w in caught if w.category is SpeedupWarning]
+    assert len(ours) == 1 and re.search(r"EMAWeightAveraging validates its averaged weights.*'train_size'", ours[0])
     assert cb.recalibrations == 0 and not cb._cache
 
 

@@ -525,6 +525,8 @@ class ProgressiveResizing(SpeedupCallback):
         measures otherwise than the saved model would score at full size: say so, with the setting that fits."""
         if self.val_remedy == "full" or (self.ramp is None and self.initial_scale >= 1.0):
             return
+        if self.val_remedy == "recalibrate" and not self._recalibrates:
+            return  # full size with the model's own statistics (no BatchNorm, or a WeightAveraging's): as saved
         if not _validates(trainer):
             return  # no validation: nothing it measures is monitored
 
