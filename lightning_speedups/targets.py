@@ -56,7 +56,9 @@ def hard_labels(target: Tensor) -> Tensor:
 def infer_num_classes(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int | None:
     """``num_classes`` from the DataModule, the LightningModule or its ``hparams``; ``None`` if none says.
 
-    Raises ``ValueError`` when they say different numbers: which one the data has cannot be guessed.
+    The module's own attribute, where it has one, is the module's count: its hparams are read only without it (they
+    may keep a signature default that ``setup`` replaced). Raises ``ValueError`` when the DataModule and the module
+    say different numbers: which one the data has cannot be guessed.
     """
     found: dict[str, int] = {}
     datamodule = getattr(trainer, "datamodule", None)
@@ -79,6 +81,20 @@ def infer_num_classes(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int
             "`num_classes=` to the callback."
         )
     return next(iter(found.values()), None)
+
+
+def _given_num_classes(trainer: pl.Trainer) -> int | None:
+    """The ``num_classes`` given to the trainer's target-transforming callbacks; ``ValueError`` if they differ."""
+    given = {
+        f"{type(cb).__name__}(num_classes={cb.num_classes})": cb.num_classes
+        for cb in trainer.callbacks
+        if isinstance(cb, TargetTransformCallback) and cb.num_classes is not None
+    }
+    if len(set(given.values())) > 1:
+        raise ValueError(
+            f"The callbacks were given different numbers of classes ({', '.join(given)}): give them all the same."
+        )
+    return next(iter(given.values()), None)
 
 
 def _class_count(value: Any) -> int | None:
@@ -291,7 +307,9 @@ class TargetTransformCallback(SpeedupCallback):
         if self.num_classes is not None or not self.transforms_batches:
             self._classes = self.num_classes  # a technique that leaves the targets alone needs no class count
         else:
-            self._classes = infer_num_classes(trainer, pl_module)
+            # the model's and the data's count, else one given to a sibling (MixUp(num_classes=10) before a
+            # LabelSmoothing): not the width of the first probabilities, which a MixUp with p < 1 may not give
+            self._classes = infer_num_classes(trainer, pl_module) or _given_num_classes(trainer)
         if self.check_loss:
             self.check_module(pl_module)
 

@@ -470,6 +470,21 @@ def test_unknown_number_of_classes():
     fit_expecting([MixUp()], "could not infer the number of classes", model=RecordingModule(num_classes=None))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_count_given_to_one_callback_serves_the_others(seed):
+    # without it, LabelSmoothing read the count off the first batch's probabilities: there when MixUp (p=0.5)
+    # mixed that batch, an error when not, so the same set-up trained or failed by the seed
+    smoothing = LabelSmoothing(0.1, seed=seed)
+    callbacks = [MixUp(p=0.5, num_classes=C, seed=seed), smoothing]
+    trainer(callbacks=callbacks, max_steps=2).fit(RecordingModule(num_classes=None), loaders("list")[0])
+    assert smoothing._classes == C
+    fit_expecting(
+        [MixUp(num_classes=C), CutMix(num_classes=C + 1), LabelSmoothing(0.1)],
+        r"given different numbers of classes \(MixUp\(num_classes=4\), CutMix\(num_classes=5\)\)",
+        model=RecordingModule(num_classes=None),
+    )
+
+
 class WithLoss(RecordingModule):
     def __init__(self, loss: nn.Module):
         super().__init__()
