@@ -476,7 +476,8 @@ def _run(
                 f"(`lightning-speedups presets {cfg.preset or DEFAULT_PRESET}` shows the preset's)."
             )
         raise CompareError(
-            f"the {arm!r} run could not start or stopped: {type(err).__name__}: {err}{_raised_at(err)}.{notes}"
+            _sentence(f"the {arm!r} run could not start or stopped: {type(err).__name__}: {err}{_raised_at(err)}")
+            + notes
         ) from err
     except CompareError:
         raise  # ours, already a message (the model or datamodule could not be built)
@@ -490,7 +491,9 @@ def _run(
                 " compare trains without a logger, so `self.logger` is None there: guard its use with "
                 "`if self.logger is not None`."
             )
-        raise CompareError(f"the {arm!r} run stopped: {type(err).__name__}: {err}{_raised_at(err)}.{notes}") from err
+        raise CompareError(
+            _sentence(f"the {arm!r} run stopped: {type(err).__name__}: {err}{_raised_at(err)}") + notes
+        ) from err
     if not meter.history and not (warmup and meter.validations):
         # no metric to compare: the table would be all NaN, and results.json invalid JSON
         raise CompareError(
@@ -529,6 +532,12 @@ _NOT_USERS = tuple(
 )
 _STDLIB = str(Path(os.__file__).resolve().parent) + os.sep
 _INSTALLED = ("site-packages", "dist-packages")
+
+
+def _sentence(text: str) -> str:
+    """``text`` ending with one full stop (an error's own message may end with one already)."""
+    text = text.rstrip()
+    return text if text.endswith((".", "!", "?")) else text + "."
 
 
 def _user_frame(err: BaseException) -> traceback.FrameSummary | None:

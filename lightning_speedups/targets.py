@@ -176,8 +176,9 @@ def check_soft_target_losses(pl_module: nn.Module, who: str, *, smoothing_in_tar
             raise ValueError(
                 f"{who} puts label smoothing in the targets, but {where} already has `label_smoothing="
                 f"{m.label_smoothing}`: targets would be smoothed twice. Set one of them only: remove the callback "
-                "and let the loss smooth, or set the loss's `label_smoothing=0` (with `LabelSmoothing(method="
-                "'loss')`, the callback then sets it for training steps only)."
+                "and let the loss smooth (from a preset: `presets.get(name, LabelSmoothing=None)`), or set the "
+                "loss's `label_smoothing=0` (with `LabelSmoothing(method='loss')`, the callback then sets it for "
+                "training steps only)."
             )
 
 
@@ -383,7 +384,8 @@ class TargetTransformCallback(SpeedupCallback):
             exception.add_note(
                 f"{type(self).__name__} gave this training step class probabilities of shape (N, {c}) as targets "
                 f"(num_classes={c}): if the logits have another number of classes, set `num_classes` to theirs; a "
-                "training metric that compares predictions with `y` needs the labels back: "
+                "loss that takes class indices only (`F.nll_loss`) cannot take them: `F.cross_entropy` on the logits "
+                "can; a training metric that compares predictions with `y` needs the labels back: "
                 "`lightning_speedups.hard_labels(y)`, or `hard_target_key=` on a dict batch."
             )
 

@@ -851,6 +851,16 @@ def test_bad_arguments_fail_at_construction(kwargs, error, match):
 def test_a_warmup_longer_than_training_warns():
     with pytest.warns(SpeedupWarning, match=r"warmup \(100 steps = 100 updates\) is longer than training \(4 updates"):
         fit(WarmupModule("none"), [LinearScalingWarmup(8, warmup=100, warmup_unit="steps")], max_epochs=1)
+    # a scale of at most 1 from the unscaled learning rate has no ramp: it holds from the first update
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)
+        fit(WarmupModule("none"), [LinearScalingWarmup(1024, warmup=100, warmup_unit="steps")], max_epochs=1)
+    with pytest.warns(SpeedupWarning, match=r"is longer than training"):  # from zero, the ramp is real
+        fit(
+            WarmupModule("none"),
+            [LinearScalingWarmup(1024, warmup=100, warmup_unit="steps", warmup_from="zero")],
+            max_epochs=1,
+        )
 
 
 def test_a_trainer_with_no_optimizer_is_refused():

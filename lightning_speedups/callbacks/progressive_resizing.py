@@ -552,7 +552,7 @@ class ProgressiveResizing(SpeedupCallback):
             f"until the schedule reaches full size, validation runs {how}, and {', '.join(monitors)} compares those "
             "metrics across the ramp: an early checkpoint can score best yet be poor at full size, or training can "
             "stop early. For checkpoint selection and early stopping, validation='full' gives the metrics of the "
-            "model as it is saved."
+            "model as it is saved (in a preset: `presets.get(name, ProgressiveResizing={'validation': 'full'})`)."
         )
 
     def _recalibration_wanted(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:

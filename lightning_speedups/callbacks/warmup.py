@@ -611,10 +611,11 @@ class LinearScalingWarmup(SpeedupCallback):
             names = [n for n, old, new in zip(inputs, self._plan.key, key, strict=True) if old != new]
             changed = f" ({', '.join(names)} changed)"
         self._plan = _Plan(key, global_batch, scale, steps)
+        ramp = f"warmup {steps} update(s)" if self._ramps(scale) else "no warmup (nothing to ramp up to at x <= 1)"
         rank_zero_info(
             f"{type(self).__name__}: global batch {global_batch} = {batch_size} per device x {accumulate} "
             f"accumulated x {world_size} device(s); learning rate x {scale:.4g} ({self.rule} rule, reference "
-            f"{reference}), warmup {steps} update(s){changed}."
+            f"{reference}), {ramp}{changed}."
         )
         return self._plan
 
@@ -648,9 +649,13 @@ class LinearScalingWarmup(SpeedupCallback):
             f"x {plan.scale:.4g} at once, with no ramp."
         )
 
+    def _ramps(self, scale: float) -> bool:
+        """Whether the factor ramps: from the unscaled learning rate, a scale of at most 1 holds from the start."""
+        return self.warmup_from != "unscaled" or scale > 1.0
+
     def _check_length(self, trainer: pl.Trainer, plan: _Plan) -> None:
         total = _total_steps(trainer)
-        if total is not None and plan.warmup_steps > total:
+        if total is not None and plan.warmup_steps > total and self._ramps(plan.scale):
             self.warn(
                 f"the warmup ({self.warmup:g} {self.warmup_unit} = {plan.warmup_steps} updates) is longer than "
                 f"training ({int(total)} updates), so the scaled learning rate (x {plan.scale:.4g}) is never "
