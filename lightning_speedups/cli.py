@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--datamodule-args", type=_json_dict, default={}, help="JSON keyword arguments of --datamodule")
     cmp.add_argument("--accelerator", default="auto", help="Lightning accelerator (default: auto)")
     cmp.add_argument("--devices", type=int, default=1, help="devices per run (default: 1)")
+    cmp.add_argument(
+        "--precision",
+        default=None,
+        help="every run's Trainer precision, e.g. bf16-mixed (default: bf16-mixed on CUDA with bf16, 16-mixed on "
+        "older CUDA, 32-true on CPU; a preset that fixes its own keeps it)",
+    )
     cmp.add_argument("--max-epochs", type=int, default=12, help="epochs of the baseline and the preset (default: 12)")
     cmp.add_argument("--target", type=float, default=None, help="target metric in (0, 1] (default: baseline's final)")
     cmp.add_argument("--metric", default="val_acc", help="validation metric logged by the model (default: val_acc)")
@@ -130,6 +136,7 @@ def _compare(args: argparse.Namespace) -> int:
         datamodule_args=args.datamodule_args,
         accelerator=args.accelerator,
         devices=args.devices,
+        precision=args.precision,
         max_epochs=args.max_epochs,
         target=args.target,
         metric=args.metric,

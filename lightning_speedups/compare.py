@@ -68,6 +68,7 @@ class CompareConfig:
     datamodule_args: dict[str, Any] = field(default_factory=dict)
     accelerator: str = "auto"
     devices: int = 1
+    precision: str | None = None  # None: the recommended one for the accelerator (bf16-mixed on recent CUDA)
     max_epochs: int = 12
     target: float | None = None
     metric: str = "val_acc"
@@ -325,6 +326,9 @@ _COMPARES_OWN = frozenset(
     }
 )
 
+#: what `Trainer(precision=...)` takes, in Lightning's own spelling
+_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true", "transformer-engine")
+
 #: the largest seed `seed_everything` takes (NumPy's)
 _MAX_SEED = 2**32 - 1
 
@@ -343,6 +347,8 @@ def _check(cfg: CompareConfig) -> None:
         raise CompareError(f"--max-epochs must be >= 1, got {cfg.max_epochs}.")
     if cfg.devices < 1:
         raise CompareError(f"--devices must be >= 1, got {cfg.devices}.")
+    if cfg.precision is not None and cfg.precision not in _PRECISIONS:
+        raise CompareError(f"--precision must be one of {', '.join(_PRECISIONS)}; got {cfg.precision!r}.")
     if _lower_is_better(cfg.metric):
         raise CompareError(
             f"--metric {cfg.metric!r} looks like a lower-is-better metric; compare reads the metric as higher "
@@ -437,7 +443,7 @@ def _run(
             "accelerator": cfg.accelerator,
             "devices": cfg.devices,
             "strategy": presets.recommended_strategy(cfg.devices, cfg.accelerator),
-            "precision": presets.recommended_precision(cfg.accelerator),
+            "precision": cfg.precision or presets.recommended_precision(cfg.accelerator),
             **{k: v for k, v in extra.items() if k not in _COMPARES_OWN},
         }
         trainer = pl.Trainer(
@@ -750,7 +756,8 @@ def format_report(report: Report) -> str:
     lines = [
         f"## {report.recipe} vs baseline — {task}",
         "",
-        f"{cfg['max_epochs']} epochs, {cfg['repeats']} repeat(s) interleaved, medians; target {cfg['metric']} "
+        f"{cfg['max_epochs']} epochs, {cfg['repeats']} repeat(s) interleaved, medians; precision "
+        f"{cfg.get('precision') or presets.recommended_precision(cfg['accelerator'])}; target {cfg['metric']} "
         f">= {report.target:.4f} ({source}).",
         "",
         f"| run | final {cfg['metric']} | wall s | CPU s | train GFLOP | steps | reached | wall s to target "

@@ -191,6 +191,7 @@ def test_the_equal_budget_run_is_validated_at_its_last_step_even_mid_epoch():
         (["--metric", "val_nll"], "looks like a lower-is-better metric"),
         (["--callback", "MixUpp"], "No callback class named 'MixUpp'"),
         (["--preset", "baseline"], "compare the baseline with itself"),
+        (["--precision", "fp16"], "--precision must be one of 32-true, 16-mixed, bf16-mixed"),
         (["--preset", ""], "--preset needs a preset's name, got ''"),
         (["--callback", "MixUp:alpha"], "arguments look like 'name=value'"),
         (["--callback", "MixUp:alpha=-1"], "`alpha` must be > 0"),
@@ -787,3 +788,22 @@ def test_an_error_raised_inside_lightnings_own_dependencies_names_no_line_of_the
         apply_to_collection(Batch(torch.zeros(1)), torch.Tensor, lambda t: t)
     err = info.value.with_traceback(info.value.__traceback__.tb_next)  # without this test's own frame
     assert _raised_at(err) == ""
+
+
+def test_precision_reaches_every_run(tmp_path, monkeypatch, capsys):
+    # a callback that fails any run whose Trainer does not train in bf16-mixed (the recommended CPU one is 32-true)
+    _write_module(
+        tmp_path,
+        monkeypatch,
+        "precision_probe",
+        "from lightning.pytorch import Callback\n"
+        "class InBf16(Callback):\n"
+        "    def on_train_start(self, trainer, pl_module):\n"
+        "        assert trainer.precision == 'bf16-mixed', trainer.precision\n",
+    )
+    out = tmp_path / "out"
+    args = [*TINY, "--repeats", "1", "--precision", "bf16-mixed", "--callback", "precision_probe:InBf16"]
+    assert main(["compare", *args, "--callback", "LabelSmoothing", "--output", str(out)]) == 0, capsys.readouterr().err
+    assert "precision bf16-mixed;" in (out / "report.md").read_text()
+    assert main(["compare", *TINY, "--repeats", "1", "--callback", "precision_probe:InBf16", "--output", str(out)]) == 2
+    assert "AssertionError: 32-true" in capsys.readouterr().err
