@@ -34,7 +34,7 @@ import sys
 import traceback
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -326,8 +326,20 @@ _COMPARES_OWN = frozenset(
     }
 )
 
-#: what `Trainer(precision=...)` takes, in Lightning's own spelling
-_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true", "transformer-engine")
+
+def _precisions() -> dict[str, str]:
+    """What ``Trainer(precision=...)`` takes, each with its canonical name: Lightning's own list and its short
+    names ("32" is "32-true", "bf16" is "bf16-mixed")."""
+    try:
+        from typing import get_args
+
+        from lightning.fabric.plugins.precision import precision as lp
+
+        names = {name: name for name in get_args(lp._PRECISION_INPUT_STR)}
+        return {**names, **lp._PRECISION_INPUT_STR_ALIAS_CONVERSION}
+    except (ImportError, AttributeError):  # another Lightning: its own check, at the first run, says
+        return {}
+
 
 #: the largest seed `seed_everything` takes (NumPy's)
 _MAX_SEED = 2**32 - 1
@@ -347,8 +359,10 @@ def _check(cfg: CompareConfig) -> None:
         raise CompareError(f"--max-epochs must be >= 1, got {cfg.max_epochs}.")
     if cfg.devices < 1:
         raise CompareError(f"--devices must be >= 1, got {cfg.devices}.")
-    if cfg.precision is not None and cfg.precision not in _PRECISIONS:
-        raise CompareError(f"--precision must be one of {', '.join(_PRECISIONS)}; got {cfg.precision!r}.")
+    known = _precisions()
+    if cfg.precision is not None and known and cfg.precision not in known:
+        canonical = sorted(set(known.values()))
+        raise CompareError(f"--precision must be one of {', '.join(canonical)}; got {cfg.precision!r}.")
     if _lower_is_better(cfg.metric):
         raise CompareError(
             f"--metric {cfg.metric!r} looks like a lower-is-better metric; compare reads the metric as higher "
@@ -619,6 +633,9 @@ def run_comparison(cfg: CompareConfig, out: TextIO | None = None) -> Report:
     """Run every arm ``cfg.repeats`` times, interleaved; print (to ``out``, default stdout) and save the report."""
     out = out or sys.stdout
     _check(cfg)
+    # the precision every arm trains in, by its canonical name (the report and results.json record it)
+    given = cfg.precision or presets.recommended_precision(cfg.accelerator)
+    cfg = replace(cfg, precision=_precisions().get(given, given))
     make_model, make_dm = _factories(cfg)
     label, make_callbacks, extra = _recipe(cfg)
     made_output = cfg.output is not None and not cfg.output.exists()
@@ -630,7 +647,8 @@ def run_comparison(cfg: CompareConfig, out: TextIO | None = None) -> Report:
         if made_output and cfg.output is not None and cfg.output.is_dir() and not any(cfg.output.iterdir()):
             cfg.output.rmdir()
         raise
-    return _finish(cfg, runs, label, out)
+    own = extra.get("precision")  # a preset that fixes its own precision trains its arm in it
+    return _finish(cfg, runs, label, out, recipe_precision=None if own is None else str(own))
 
 
 def _run_arms(
@@ -684,7 +702,9 @@ def _run_arms(
     return runs
 
 
-def _finish(cfg: CompareConfig, runs: list[RunResult], label: str, out: TextIO) -> Report:
+def _finish(
+    cfg: CompareConfig, runs: list[RunResult], label: str, out: TextIO, recipe_precision: str | None = None
+) -> Report:
     """Summarise ``runs``, print the report and save it."""
     finals = [r.final for r in runs if r.arm == BASELINE]
     # the lower median: with an even number of repeats the plain median could sit above half the baseline runs
@@ -697,6 +717,7 @@ def _finish(cfg: CompareConfig, runs: list[RunResult], label: str, out: TextIO) 
         s.speedup_cpu = _ratio(base_summary.cpu_to_target, s.cpu_to_target)
         s.speedup_flops = _ratio(base_summary.flops_to_target, s.flops_to_target)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+    config["recipe_precision"] = recipe_precision or config["precision"]
     report = Report(config=config, recipe=label, target=target, summaries=summaries, runs=runs)
     text = format_report(report)
     if rank_zero_only.rank != 0:  # under DDP every rank runs the comparison; one reports it
@@ -748,6 +769,14 @@ def _float32(value: float) -> float:
     return float(torch.tensor(value, dtype=torch.float32))
 
 
+def _precision_words(cfg: dict[str, Any]) -> str:
+    """``precision 32-true``, or each side's where the recipe trains in its own."""
+    every, recipe = cfg.get("precision"), cfg.get("recipe_precision")
+    if recipe in (None, every):
+        return f"precision {every}"
+    return f"precision {every} (baseline), {recipe} (recipe)"
+
+
 def format_report(report: Report) -> str:
     """The side-by-side table as Markdown, with a verdict on the equal-budget control."""
     cfg = report.config
@@ -756,9 +785,8 @@ def format_report(report: Report) -> str:
     lines = [
         f"## {report.recipe} vs baseline — {task}",
         "",
-        f"{cfg['max_epochs']} epochs, {cfg['repeats']} repeat(s) interleaved, medians; precision "
-        f"{cfg.get('precision') or presets.recommended_precision(cfg['accelerator'])}; target {cfg['metric']} "
-        f">= {report.target:.4f} ({source}).",
+        f"{cfg['max_epochs']} epochs, {cfg['repeats']} repeat(s) interleaved, medians; {_precision_words(cfg)}; "
+        f"target {cfg['metric']} >= {report.target:.4f} ({source}).",
         "",
         f"| run | final {cfg['metric']} | wall s | CPU s | train GFLOP | steps | reached | wall s to target "
         "| CPU s to target | GFLOP to target | speedup wall | speedup CPU | speedup FLOPs |",

@@ -88,7 +88,7 @@ def _given_num_classes(trainer: pl.Trainer) -> int | None:
     given = {
         f"{type(cb).__name__}(num_classes={cb.num_classes})": cb.num_classes
         for cb in trainer.callbacks
-        if isinstance(cb, TargetTransformCallback) and cb.num_classes is not None
+        if isinstance(cb, TargetTransformCallback) and cb.transforms_batches and cb.num_classes is not None
     }
     if len(set(given.values())) > 1:
         raise ValueError(
@@ -311,6 +311,16 @@ class TargetTransformCallback(SpeedupCallback):
             # the model's and the data's count, else one given to a sibling (MixUp(num_classes=10) before a
             # LabelSmoothing): not the width of the first probabilities, which a MixUp with p < 1 may not give
             self._classes = infer_num_classes(trainer, pl_module) or _given_num_classes(trainer)
+        if self.transforms_batches:
+            # counts that differ between our callbacks fail here, not at the first batch a sibling mixes (with
+            # p < 1, a step the seed picks)
+            given = _given_num_classes(trainer)
+            if given is not None and self._classes is not None and given != self._classes:
+                source = "given to it" if self.num_classes is not None else "from the model or DataModule"
+                raise ValueError(
+                    f"{type(self).__name__} counts {self._classes} classes ({source}), another callback was given "
+                    f"num_classes={given}: give them all the number of classes the model's logits have."
+                )
         if self.check_loss:
             self.check_module(pl_module)
 

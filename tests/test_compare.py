@@ -191,7 +191,7 @@ def test_the_equal_budget_run_is_validated_at_its_last_step_even_mid_epoch():
         (["--metric", "val_nll"], "looks like a lower-is-better metric"),
         (["--callback", "MixUpp"], "No callback class named 'MixUpp'"),
         (["--preset", "baseline"], "compare the baseline with itself"),
-        (["--precision", "fp16"], "--precision must be one of 32-true, 16-mixed, bf16-mixed"),
+        (["--precision", "fp16"], r"--precision must be one of 16-mixed, 16-true, 32-true, 64-true, bf16-mixed"),
         (["--preset", ""], "--preset needs a preset's name, got ''"),
         (["--callback", "MixUp:alpha"], "arguments look like 'name=value'"),
         (["--callback", "MixUp:alpha=-1"], "`alpha` must be > 0"),
@@ -802,8 +802,29 @@ def test_precision_reaches_every_run(tmp_path, monkeypatch, capsys):
         "        assert trainer.precision == 'bf16-mixed', trainer.precision\n",
     )
     out = tmp_path / "out"
-    args = [*TINY, "--repeats", "1", "--precision", "bf16-mixed", "--callback", "precision_probe:InBf16"]
+    args = [*TINY, "--repeats", "1", "--precision", "bf16", "--callback", "precision_probe:InBf16"]  # Lightning's alias
     assert main(["compare", *args, "--callback", "LabelSmoothing", "--output", str(out)]) == 0, capsys.readouterr().err
     assert "precision bf16-mixed;" in (out / "report.md").read_text()
+    assert json.loads((out / "results.json").read_text())["config"]["precision"] == "bf16-mixed"
     assert main(["compare", *TINY, "--repeats", "1", "--callback", "precision_probe:InBf16", "--output", str(out)]) == 2
     assert "AssertionError: 32-true" in capsys.readouterr().err
+
+
+def test_the_report_names_each_sides_precision_where_a_preset_fixes_its_own(tmp_path, monkeypatch):
+    from lightning.pytorch import Callback
+
+    from lightning_speedups import presets
+
+    seen = []
+
+    class Probe(Callback):
+        def on_train_start(self, trainer, pl_module):
+            seen.append(trainer.precision)
+
+    monkeypatch.setattr(presets, "_REGISTRY", dict(presets._REGISTRY))  # the preset is forgotten after the test
+    presets.register_preset("fixed64", trainer={"precision": "64-true"})(lambda: [Probe()])
+    out = tmp_path / "out"
+    args = [*TINY, "--repeats", "1", "--no-budget-baseline", "--preset", "fixed64", "--output", str(out)]
+    assert main(["compare", *args]) == 0
+    assert seen == ["64-true"]  # the preset's own precision: its arm's
+    assert "precision 32-true (baseline), 64-true (recipe);" in (out / "report.md").read_text()

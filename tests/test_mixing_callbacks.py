@@ -483,6 +483,11 @@ def test_a_count_given_to_one_callback_serves_the_others(seed):
         r"given different numbers of classes \(MixUp\(num_classes=4\), CutMix\(num_classes=5\)\)",
         model=RecordingModule(num_classes=None),
     )
+    # a count the model says and another given to a sibling: refused before any step, whatever p draws
+    fit_expecting(
+        [MixUp(p=0.5, num_classes=C + 1, seed=seed), LabelSmoothing(0.1)],
+        r"LabelSmoothing counts 4 classes \(from the model or DataModule\), another callback was given num_classes=5",
+    )
 
 
 class WithLoss(RecordingModule):

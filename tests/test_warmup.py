@@ -861,6 +861,10 @@ def test_a_warmup_longer_than_training_warns():
             [LinearScalingWarmup(1024, warmup=100, warmup_unit="steps", warmup_from="zero")],
             max_epochs=1,
         )
+    # a scale that rises above 1 mid-run (accumulation 1 -> 4: x 0.5 -> x 2) gets its ramp, and the warning then
+    schedule = GradientAccumulationScheduler({0: 1, 1: 4})
+    with pytest.warns(SpeedupWarning, match=r"longer than training \(6 updates\), so the scaled learning rate \(x 2\)"):
+        fit(WarmupModule("none"), [schedule, LinearScalingWarmup(32, warmup=100, warmup_unit="steps")], max_epochs=3)
 
 
 def test_a_trainer_with_no_optimizer_is_refused():

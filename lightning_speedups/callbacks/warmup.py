@@ -223,6 +223,7 @@ class LinearScalingWarmup(SpeedupCallback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._trainer = trainer
+        self._length_checked = False  # once per fit, when the plan first has a ramp (here, or when it changes)
         self._check_optimizers(trainer, warn_missing_groups=True)
         count = len(trainer.optimizers)
         if self._updates is not None and len(self._updates) != count:
@@ -611,6 +612,8 @@ class LinearScalingWarmup(SpeedupCallback):
             names = [n for n, old, new in zip(inputs, self._plan.key, key, strict=True) if old != new]
             changed = f" ({', '.join(names)} changed)"
         self._plan = _Plan(key, global_batch, scale, steps)
+        if self.__dict__.get("_length_checked") is False:  # mid-fit, a scale that now has a ramp (accumulation grew)
+            self._check_length(trainer, self._plan)
         ramp = f"warmup {steps} update(s)" if self._ramps(scale) else "no warmup (nothing to ramp up to at x <= 1)"
         rank_zero_info(
             f"{type(self).__name__}: global batch {global_batch} = {batch_size} per device x {accumulate} "
@@ -654,8 +657,11 @@ class LinearScalingWarmup(SpeedupCallback):
         return self.warmup_from != "unscaled" or scale > 1.0
 
     def _check_length(self, trainer: pl.Trainer, plan: _Plan) -> None:
+        if self.__dict__.get("_length_checked") or not self._ramps(plan.scale):
+            return  # said already this fit, or no ramp to be too long
+        self._length_checked = True
         total = _total_steps(trainer)
-        if total is not None and plan.warmup_steps > total and self._ramps(plan.scale):
+        if total is not None and plan.warmup_steps > total:
             self.warn(
                 f"the warmup ({self.warmup:g} {self.warmup_unit} = {plan.warmup_steps} updates) is longer than "
                 f"training ({int(total)} updates), so the scaled learning rate (x {plan.scale:.4g}) is never "
