@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import lightning.pytorch as pl
@@ -538,6 +538,7 @@ class SpeedupDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """The training loader: resumable mid-epoch, with the sampler from :meth:`train_sampler`."""
+        self._check_batch_size_hparam()
         dataset = self.indexed_train_dataset()
         wrapped, sampler = dataset, self.train_sampler(dataset)
         for wrapper in self.trainer.callbacks if self.trainer is not None else []:
@@ -552,6 +553,21 @@ class SpeedupDataModule(pl.LightningDataModule):
             speedups_datamodule=self,  # which registers it (`_adopt_train_loader`)
         )
         return loader
+
+    def _check_batch_size_hparam(self) -> None:
+        """A subclass whose ``__init__`` takes ``batch_size`` (saved in its hparams) without handing it to
+        ``super().__init__``: the loader would use the default, silently."""
+        hparams = getattr(self, "hparams", None)
+        wanted = hparams.get("batch_size") if isinstance(hparams, Mapping) else None
+        if wanted is None or wanted == self.batch_size or self.__dict__.get("_warned_batch_size"):
+            return
+        self._warned_batch_size = True
+        rank_zero_warn(
+            f"{type(self).__name__}'s hparams say batch_size={wanted!r}, but its loaders use {self.batch_size} "
+            "(`self.batch_size`, which `SpeedupDataModule.__init__` sets): pass it on, "
+            "`super().__init__(batch_size=batch_size, ...)`.",
+            category=SpeedupWarning,
+        )
 
     def _adopt_train_loader(self, loader: ResumableDataLoader) -> None:
         """Make ``loader`` the training loader whose position checkpoints record, and hand it the position of the

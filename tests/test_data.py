@@ -42,6 +42,26 @@ def test_loader_defaults():
     assert dm.train_dataloader().persistent_workers is False
 
 
+def test_a_batch_size_kept_in_hparams_but_not_handed_over_is_warned_about():
+    class Kept(SpeedupDataModule):  # a DataModule moved over without passing batch_size to super().__init__
+        def __init__(self, batch_size=32, pass_it_on=False):
+            super().__init__(**({"batch_size": batch_size} if pass_it_on else {}))
+            self.save_hyperparameters()
+
+        def setup(self, stage):
+            self.train_dataset = TensorDataset(torch.zeros(64, 1), torch.zeros(64, dtype=torch.long))
+
+    dm = Kept()
+    dm.setup("fit")
+    with pytest.warns(SpeedupWarning, match=r"hparams say batch_size=32, but its loaders use 64.*super\(\)\.__init__"):
+        assert dm.train_dataloader().batch_size == 64
+    dm = Kept(pass_it_on=True)
+    dm.setup("fit")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)
+        assert dm.train_dataloader().batch_size == 32
+
+
 def test_default_workers_follow_the_cpu_count(monkeypatch):
     import lightning_speedups.data as data
 
