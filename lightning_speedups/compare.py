@@ -648,7 +648,8 @@ def run_comparison(cfg: CompareConfig, out: TextIO | None = None) -> Report:
             cfg.output.rmdir()
         raise
     own = extra.get("precision")  # a preset that fixes its own precision trains its arm in it
-    return _finish(cfg, runs, label, out, recipe_precision=None if own is None else str(own))
+    recipe_precision = None if own is None else _precisions().get(str(own), str(own))
+    return _finish(cfg, runs, label, out, recipe_precision=recipe_precision)
 
 
 def _run_arms(
@@ -771,7 +772,9 @@ def _float32(value: float) -> float:
 
 def _precision_words(cfg: dict[str, Any]) -> str:
     """``precision 32-true``, or each side's where the recipe trains in its own."""
-    every, recipe = cfg.get("precision"), cfg.get("recipe_precision")
+    # a report of an older results.json, which recorded none: the recommendation it ran with
+    every = cfg.get("precision") or presets.recommended_precision(cfg.get("accelerator", "auto"))
+    recipe = cfg.get("recipe_precision")
     if recipe in (None, every):
         return f"precision {every}"
     return f"precision {every} (baseline), {recipe} (recipe)"

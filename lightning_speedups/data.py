@@ -95,6 +95,9 @@ class EpochShuffleSampler(DistributedSampler):
         return itertools.islice(super().__iter__(), skip, None)
 
 
+#: `SpeedupDataModule`'s batch size per device when none is given
+_DEFAULT_BATCH_SIZE = 64
+
 #: the datamodule's checkpoint entry with its training loader's position
 _LOADER_STATE = "train_loader_position"
 
@@ -400,7 +403,7 @@ class SpeedupDataModule(pl.LightningDataModule):
 
     def __init__(
         self,
-        batch_size: int = 64,
+        batch_size: int = _DEFAULT_BATCH_SIZE,
         *,
         num_workers: int | None = None,
         pin_memory: bool | None = None,
@@ -559,13 +562,17 @@ class SpeedupDataModule(pl.LightningDataModule):
         ``super().__init__``: the loader would use the default, silently."""
         hparams = getattr(self, "hparams", None)
         wanted = hparams.get("batch_size") if isinstance(hparams, Mapping) else None
-        if wanted is None or wanted == self.batch_size or self.__dict__.get("_warned_batch_size"):
+        # only while the loaders keep the default: a batch size handed on (per device, say) or set later is the
+        # user's choice, whatever the hparams hold
+        if wanted is None or wanted == self.batch_size or self.batch_size != _DEFAULT_BATCH_SIZE:
+            return
+        if self.__dict__.get("_warned_batch_size"):
             return
         self._warned_batch_size = True
         rank_zero_warn(
-            f"{type(self).__name__}'s hparams say batch_size={wanted!r}, but its loaders use {self.batch_size} "
-            "(`self.batch_size`, which `SpeedupDataModule.__init__` sets): pass it on, "
-            "`super().__init__(batch_size=batch_size, ...)`.",
+            f"{type(self).__name__}'s hparams say batch_size={wanted!r}, but its loaders use the default "
+            f"{_DEFAULT_BATCH_SIZE} (`self.batch_size`, which `SpeedupDataModule.__init__` sets): if its `__init__` "
+            "takes the batch size, pass it on, `super().__init__(batch_size=batch_size, ...)`.",
             category=SpeedupWarning,
         )
 

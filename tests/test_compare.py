@@ -822,9 +822,11 @@ def test_the_report_names_each_sides_precision_where_a_preset_fixes_its_own(tmp_
             seen.append(trainer.precision)
 
     monkeypatch.setattr(presets, "_REGISTRY", dict(presets._REGISTRY))  # the preset is forgotten after the test
-    presets.register_preset("fixed64", trainer={"precision": "64-true"})(lambda: [Probe()])
+    presets.register_preset("fixed64", trainer={"precision": "64"})(lambda: [Probe()])  # Lightning's short name
     out = tmp_path / "out"
     args = [*TINY, "--repeats", "1", "--no-budget-baseline", "--preset", "fixed64", "--output", str(out)]
     assert main(["compare", *args]) == 0
     assert seen == ["64-true"]  # the preset's own precision: its arm's
     assert "precision 32-true (baseline), 64-true (recipe);" in (out / "report.md").read_text()
+    config = json.loads((out / "results.json").read_text())["config"]
+    assert (config["precision"], config["recipe_precision"]) == ("32-true", "64-true")

@@ -53,13 +53,17 @@ def test_a_batch_size_kept_in_hparams_but_not_handed_over_is_warned_about():
 
     dm = Kept()
     dm.setup("fit")
-    with pytest.warns(SpeedupWarning, match=r"hparams say batch_size=32, but its loaders use 64.*super\(\)\.__init__"):
+    with pytest.warns(
+        SpeedupWarning, match=r"hparams say batch_size=32, but its loaders use the default 64.*super\(\)\.__init__"
+    ):
         assert dm.train_dataloader().batch_size == 64
-    dm = Kept(pass_it_on=True)
-    dm.setup("fit")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", SpeedupWarning)
-        assert dm.train_dataloader().batch_size == 32
+    quiet = [Kept(pass_it_on=True), Kept()]
+    quiet[1].batch_size = 128  # set after construction (a sweep): the user's choice
+    for dm in quiet:
+        dm.setup("fit")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", SpeedupWarning)
+            assert dm.train_dataloader().batch_size == dm.batch_size
 
 
 def test_default_workers_follow_the_cpu_count(monkeypatch):
