@@ -770,6 +770,12 @@ def _float32(value: float) -> float:
     return float(torch.tensor(value, dtype=torch.float32))
 
 
+def _baseline_fell(runs: list[RunResult]) -> bool:
+    """Whether every baseline run ended at or below its first validation's metric (validating more than once)."""
+    base = [r for r in runs if r.arm == BASELINE and len(r.history) > 1]
+    return bool(base) and all(r.history[-1].metric <= r.history[0].metric for r in base)
+
+
 def _precision_words(cfg: dict[str, Any]) -> str:
     """``precision 32-true``, or each side's where the recipe trains in its own."""
     # a report of an older results.json, which recorded none: the recommendation it ran with
@@ -809,6 +815,13 @@ def format_report(report: Report) -> str:
             f"**Every run reached the target ({report.target:.4f}) at its first validation**, so this table cannot "
             "tell the runs' speeds apart: the ratios compare times to the first validation. Train longer "
             "(--max-epochs) so that the baseline ends well above where it starts, or set --target.",
+        ]
+    elif cfg.get("target") is None and _baseline_fell(report.runs):
+        lines += [
+            "",
+            "**The baseline ended no better than its first validation** (it did not learn, or it diverged): a "
+            "target set by its final metric says little about speed. Check the model and its learning rate, "
+            "train longer (--max-epochs), or set --target.",
         ]
     recipe, budget = report.summary(report.recipe), report.summary(BUDGET)
     if recipe is not None and budget is None and cfg.get("budget_baseline", True):

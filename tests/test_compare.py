@@ -637,6 +637,17 @@ def test_a_target_every_run_reaches_at_its_first_validation_is_called_uninformat
         text = format_report(Report(config=config, recipe="recipe", target=0.101, summaries=summaries, runs=runs))
         said = "Every run reached the target (0.1010) at its first validation" in text
         assert said is uninformative
+        # the baseline that fell from its first validation is named as such when the first note does not apply
+        assert ("The baseline ended no better than its first validation" in text) is not uninformative
+    # a baseline that learned: neither note
+    runs = [RunResult("baseline", 0, history(0.5, 0.9), 2e9, 2), RunResult("recipe", 0, history(0.6, 0.9), 1e9, 2)]
+    summaries = [_summarise(arm, [r for r in runs if r.arm == arm], 0.9) for arm in ("baseline", "recipe")]
+    text = format_report(Report(config=config, recipe="recipe", target=0.9, summaries=summaries, runs=runs))
+    assert "first validation" not in text
+    runs = [RunResult("baseline", 0, history(0.5), 1e9, 1), RunResult("recipe", 0, history(0.6), 1e9, 1)]
+    summaries = [_summarise(arm, [r for r in runs if r.arm == arm], 0.5) for arm in ("baseline", "recipe")]
+    text = format_report(Report(config=config, recipe="recipe", target=0.5, summaries=summaries, runs=runs))
+    assert "ended no better" not in text  # one validation: nothing to say it fell
 
 
 def test_an_arm_below_the_zoomed_plot_range_is_named_so_in_the_legend(tmp_path, monkeypatch):
