@@ -362,7 +362,7 @@ def _check(cfg: CompareConfig) -> None:
     known = _precisions()
     if cfg.precision is not None and known and cfg.precision not in known:
         canonical = sorted(set(known.values()))
-        raise CompareError(f"--precision must be one of {', '.join(canonical)}; got {cfg.precision!r}.")
+        raise CompareError(f"--precision must be one of {', '.join(canonical)}, got {cfg.precision!r}.")
     if _lower_is_better(cfg.metric):
         raise CompareError(
             f"--metric {cfg.metric!r} looks like a lower-is-better metric; compare reads the metric as higher "

@@ -151,10 +151,10 @@ class ResumableDataLoader(DataLoader):
 
     @property
     def _index_sampler(self) -> Any:
-        # what DataLoader iterators draw their batches' indices from; after a mid-epoch resume under a batch
-        # sampler of the user's, one that leaves out the first batches of its next pass
+        # what DataLoader iterators draw their batches' indices from; under a batch sampler of the user's, one
+        # that leaves out the first batches of its next pass after a mid-epoch resume (read at its first batch)
         index_sampler = super()._index_sampler
-        if self.__dict__.get("_skip_batches") and index_sampler is self.batch_sampler:
+        if index_sampler is self.batch_sampler and self._samples_per_batch() is None:
             return _SkipFirstBatches(index_sampler, self)
         return index_sampler
 
@@ -245,12 +245,16 @@ class ResumableDataLoader(DataLoader):
                 if inner is not None
                 else f"The batch sampler {type(self.batch_sampler).__name__} shows no sampler whose order replays"
             )
-            rank_zero_warn(f"{what}: a run resumed mid-epoch restarts the epoch's data from its first batch.")
+            rank_zero_warn(
+                f"{what}: a run resumed mid-epoch restarts the epoch's data from its first batch.",
+                category=SpeedupWarning,
+            )
             return
         if skip is None:
             rank_zero_warn(
                 f"The training sampler {type(sampler).__name__} has no `skip_next`: a run resumed mid-epoch "
-                "restarts the epoch's data from its first batch."
+                "restarts the epoch's data from its first batch.",
+                category=SpeedupWarning,
             )
             return
         skip(state_dict["batches"] * per_batch)
@@ -263,9 +267,9 @@ class _SkipFirstBatches:
         self.batch_sampler, self.loader = batch_sampler, loader
 
     def __iter__(self) -> Iterator[Any]:
-        # read at the first batch, as a sampler's `skip_next` is: Lightning makes a resumed run's iterator before
-        # it restores the loader's position
-        skip, self.loader._skip_batches = self.loader._skip_batches, 0
+        # read at the first batch, as a sampler's `skip_next` is: an iterator made before the position was
+        # restored still starts where the checkpoint stopped
+        skip, self.loader._skip_batches = self.loader.__dict__.get("_skip_batches", 0), 0
         yield from itertools.islice(iter(self.batch_sampler), skip, None)
 
     def __len__(self) -> int:

@@ -261,6 +261,7 @@ class ScheduledResize:
         self.antialias = bool(antialias)
         self._built: dict[Size, Callable[[Any], Any]] = {}
         self._warned_upsampling = False  # per process: each worker has its own copy
+        self._warned_joint = False
 
     def __repr__(self) -> str:
         return (
@@ -299,7 +300,7 @@ class ScheduledResize:
         if not inputs:
             raise TypeError("ScheduledResize needs the sample to transform: call it with an image (or several inputs).")
         joint = len(inputs) > 1 or not _is_image(inputs[0])
-        size = self.target_size(_find_image(inputs) if joint else inputs[0])
+        size = self.target_size(self._joint_image(inputs) if joint else inputs[0])
         if self.factory is None and not joint:
             image = inputs[0]
             if _image_size(image) == size:
@@ -313,6 +314,23 @@ class ScheduledResize:
         if transform is None:
             transform = self._built[size] = self.factory(size) if self.factory is not None else self._resize(size)
         return transform(*inputs)
+
+    def _joint_image(self, inputs: tuple[Any, ...]) -> Any:
+        """The image of a joint sample; a warning, once, where a mask is not marked as one."""
+        image, unmarked = _find_image(inputs)
+        if unmarked > 1 and not self.__dict__.get("_warned_joint"):
+            from lightning_speedups.base import SpeedupWarning  # here: workers import this module without Lightning
+
+            self._warned_joint = True
+            warnings.warn(
+                f"ScheduledResize got {unmarked} plain tensors or PIL images in one sample: torchvision resizes "
+                "every PIL image (bilinearly, a mask's labels blended) and only the first plain tensor, leaving the "
+                "others at full size. Wrap masks in `torchvision.tv_tensors.Mask` (resized with nearest) and images "
+                "in `tv_tensors.Image`.",
+                SpeedupWarning,
+                stacklevel=3,
+            )
+        return image
 
     def _resize(self, size: Size) -> Callable[..., Any]:
         import torchvision.transforms.v2 as T
@@ -334,9 +352,10 @@ def _is_image(x: Any) -> bool:
     return isinstance(x, Image.Image)
 
 
-def _find_image(inputs: tuple[Any, ...]) -> Any:
+def _find_image(inputs: tuple[Any, ...]) -> tuple[Any, int]:
     """The image among a joint sample's inputs, as torchvision's v2 transforms pick it: a ``tv_tensors.Image`` or
-    a PIL image first, else the first plain tensor (masks, boxes and labels are not where the size is read)."""
+    a PIL image first, else the first plain tensor (masks, boxes and labels are not where the size is read); and
+    how many plain tensors and PIL images of two or more dimensions the sample holds."""
     from torch.utils._pytree import tree_flatten
     from torchvision import tv_tensors
 
@@ -344,12 +363,13 @@ def _find_image(inputs: tuple[Any, ...]) -> Any:
     images = [x for x in leaves if isinstance(x, tv_tensors.Image | tv_tensors.Video) or not hasattr(x, "ndim")]
     plain = [x for x in leaves if not isinstance(x, tv_tensors.TVTensor) and hasattr(x, "ndim")]
     found = images or plain
+    unmarked = len(plain) + sum(not hasattr(x, "ndim") for x in leaves)  # plain tensors and PIL images
     if not found:
         raise TypeError(
             "ScheduledResize found no image in its inputs (a PIL image or an (..., H, W) tensor); got "
             f"{', '.join(type(x).__name__ for x in tree_flatten(inputs)[0])}."
         )
-    return found[0]
+    return found[0], unmarked
 
 
 def _image_size(image: Any) -> Size:

@@ -315,11 +315,12 @@ class TargetTransformCallback(SpeedupCallback):
             # counts that differ between our callbacks fail here, not at the first batch a sibling mixes (with
             # p < 1, a step the seed picks)
             given = _given_num_classes(trainer)
+            # (one given to this callback is among `given`: a count that differs is a sibling's, from the model)
             if given is not None and self._classes is not None and given != self._classes:
-                source = "given to it" if self.num_classes is not None else "from the model or DataModule"
                 raise ValueError(
-                    f"{type(self).__name__} counts {self._classes} classes ({source}), another callback was given "
-                    f"num_classes={given}: give them all the number of classes the model's logits have."
+                    f"{type(self).__name__} counts {self._classes} classes (from the model or DataModule), another "
+                    f"callback was given num_classes={given}: give them all the number of classes the model's "
+                    "logits have."
                 )
         if self.check_loss:
             self.check_module(pl_module)

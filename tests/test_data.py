@@ -428,6 +428,27 @@ def test_a_grouping_batch_sampler_around_a_sampler_that_cannot_replay_its_order_
     with pytest.warns(UserWarning, match="RandomSampler replays no epoch's order.*restarts the epoch"):
         loader.load_state_dict({"epoch": 0, "batches": 2, "epoch_done": 0, "seeds": [0]})
     assert sorted(int(i) for b in loader for i in b[0].flatten()) == list(range(32))
+
+    # a batch sampler that shows no sampler cannot be replayed: said so, by its name
+    class Own:
+        def __iter__(self):
+            return iter([[0, 1], [2, 3], [4, 5]])
+
+        def __len__(self):
+            return 3
+
+    with pytest.warns(SpeedupWarning, match="The batch sampler Own shows no sampler whose order replays"):
+        ResumableDataLoader(dataset, batch_sampler=Own()).load_state_dict({"epoch": 0, "batches": 1, "epoch_done": 0})
+    # a DistributedSampler after `set_epoch` replays its order, even with the iterator made before the restore
+    shuffled = DistributedSampler(dataset, num_replicas=1, rank=0, seed=3)
+    loader = ResumableDataLoader(dataset, batch_sampler=GroupedBatches(shuffled, 4, False))
+    shuffled.set_epoch(1)
+    full = [b[0].flatten().tolist() for b in loader]
+    early = iter(loader)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)
+        loader.load_state_dict({"epoch": 1, "batches": 3, "epoch_done": 0, "seeds": [3]})
+    assert [b[0].flatten().tolist() for b in early] == full[3:]
     # a SequentialSampler replays its order: the batches after the first two, exactly
     loader = ResumableDataLoader(
         dataset, batch_sampler=GroupedBatches(torch.utils.data.SequentialSampler(dataset), 4, False)

@@ -3,6 +3,7 @@
 import os
 import random
 import sys
+import warnings
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, Subset, get_worker_info, random_split
 from torchvision.datasets import FakeData
 
-from lightning_speedups import ProgressiveResizing, ScheduledResize, SpeedupDataModule
+from lightning_speedups import ProgressiveResizing, ScheduledResize, SpeedupDataModule, SpeedupWarning
 from lightning_speedups.functional import ResizePlan
 from lightning_speedups.pipeline import PlannedIndex, ResolutionDataset, ResolutionSampler, current_resize_plan
 from tests.helpers import NUM_CLASSES, image_tensors, trainer
@@ -416,6 +417,14 @@ def test_an_image_and_its_mask_come_to_the_same_size_the_mask_with_nearest(facto
     (img, msk), _ = Pairs()[0]  # outside a planned batch: full size
     assert img.shape == (3, SIZE, SIZE) and msk.shape == (SIZE, SIZE)
     assert ScheduledResize(8)(image=img).shape == (3, 8, 8)  # the single-image keyword still works
+    # a mask as a plain tensor is no mask to torchvision (left at full size): said, once per transform
+    unmarked = ScheduledResize(SIZE)
+    with pytest.warns(SpeedupWarning, match=r"got 2 plain tensors or PIL images in one sample.*tv_tensors\.Mask"):
+        unmarked(torch.rand(3, SIZE, SIZE), torch.zeros(SIZE, SIZE, dtype=torch.long))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)
+        unmarked(torch.rand(3, SIZE, SIZE), torch.zeros(SIZE, SIZE, dtype=torch.long))
+        ScheduledResize(SIZE)(torch.rand(3, SIZE, SIZE), mask)  # a marked mask beside a plain image: fine
     with pytest.raises(TypeError, match=r"found no image in its inputs.*str"):
         ScheduledResize()("not an image", 3)
 

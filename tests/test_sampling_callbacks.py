@@ -722,6 +722,23 @@ def test_a_scorer_that_returns_no_scores_is_named():
         fit([cur], max_epochs=1)
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes are Python 3.11+")
+def test_a_scorer_of_the_users_that_fails_is_named_and_a_missing_field_error_left_as_it_is():
+    def lookup(module, batch):
+        return {}["score"]
+
+    with pytest.raises(KeyError) as raised:
+        fit([CurriculumOrdering(difficulty=lookup)], max_epochs=1)
+    assert raised.value.__notes__ == [
+        "CurriculumOrdering: raised by the scorer test_a_scorer_of_the_users_that_fails_is_named_and_a_missing_field_"
+        "error_left_as_it_is.<locals>.lookup on a batch of the training set, a list of (Tensor (8, 1) float32, "
+        "Tensor (8,) int64)."
+    ]
+    with pytest.raises(ValueError, match="no input at 'image'") as raised:  # already says what to fix
+        fit([CurriculumOrdering(difficulty=LossScore(input_key="image", target_key=1))], max_epochs=1)
+    assert not getattr(raised.value, "__notes__", None)
+
+
 def test_a_scorer_that_fails_names_the_batch_and_where_loss_score_read_it():
     # the labels taken for the input: the model fails deep inside torch, the message says why
     cur = CurriculumOrdering(difficulty=LossScore(input_key=1, target_key=0))

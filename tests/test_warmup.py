@@ -848,13 +848,16 @@ def test_bad_arguments_fail_at_construction(kwargs, error, match):
         LinearScalingWarmup(**kwargs)
 
 
-def test_a_warmup_longer_than_training_warns():
+def test_a_warmup_longer_than_training_warns(monkeypatch):
     with pytest.warns(SpeedupWarning, match=r"warmup \(100 steps = 100 updates\) is longer than training \(4 updates"):
         fit(WarmupModule("none"), [LinearScalingWarmup(8, warmup=100, warmup_unit="steps")], max_epochs=1)
     # a scale of at most 1 from the unscaled learning rate has no ramp: it holds from the first update
+    said: list[str] = []
+    monkeypatch.setattr("lightning_speedups.callbacks.warmup.rank_zero_info", said.append)
     with warnings.catch_warnings():
         warnings.simplefilter("error", SpeedupWarning)
         fit(WarmupModule("none"), [LinearScalingWarmup(1024, warmup=100, warmup_unit="steps")], max_epochs=1)
+    assert "learning rate x 0.01562 (linear rule, reference 1024), no warmup (nothing to ramp up to" in said[0]
     with pytest.warns(SpeedupWarning, match=r"is longer than training"):  # from zero, the ramp is real
         fit(
             WarmupModule("none"),
