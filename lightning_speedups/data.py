@@ -264,12 +264,17 @@ class _SkipFirstBatches:
     """A loader's batch sampler whose next pass leaves out the loader's pending ``_skip_batches`` batches."""
 
     def __init__(self, batch_sampler: Any, loader: ResumableDataLoader) -> None:
-        self.batch_sampler, self.loader = batch_sampler, loader
+        # weakly: a persistent iterator holds this, and the loader holds the iterator; a strong reference would
+        # keep a replaced loader (a reload) and its worker processes alive until the cycle collector ran
+        self.batch_sampler, self._loader = batch_sampler, weakref.ref(loader)
 
     def __iter__(self) -> Iterator[Any]:
         # read at the first batch, as a sampler's `skip_next` is: an iterator made before the position was
         # restored still starts where the checkpoint stopped
-        skip, self.loader._skip_batches = self.loader.__dict__.get("_skip_batches", 0), 0
+        loader = self._loader()
+        skip = loader.__dict__.get("_skip_batches", 0) if loader is not None else 0
+        if skip and loader is not None:
+            loader._skip_batches = 0
         yield from itertools.islice(iter(self.batch_sampler), skip, None)
 
     def __len__(self) -> int:

@@ -317,16 +317,16 @@ class ScheduledResize:
 
     def _joint_image(self, inputs: tuple[Any, ...]) -> Any:
         """The image of a joint sample; a warning, once, where a mask is not marked as one."""
-        image, unmarked = _find_image(inputs)
-        if unmarked > 1 and not self.__dict__.get("_warned_joint"):
+        image, suspect = _find_image(inputs)
+        if suspect and not self.__dict__.get("_warned_joint"):
             from lightning_speedups.base import SpeedupWarning  # here: workers import this module without Lightning
 
             self._warned_joint = True
             warnings.warn(
-                f"ScheduledResize got {unmarked} plain tensors or PIL images in one sample: torchvision resizes "
-                "every PIL image (bilinearly, a mask's labels blended) and only the first plain tensor, leaving the "
-                "others at full size. Wrap masks in `torchvision.tv_tensors.Mask` (resized with nearest) and images "
-                "in `tv_tensors.Image`.",
+                "ScheduledResize got a sample whose image comes with a plain tensor or a one-channel PIL image, not "
+                "a `tv_tensors.Mask`: torchvision resizes every PIL image bilinearly (a mask's labels blended) and "
+                "only the first plain tensor, leaving the others at full size. Wrap masks in "
+                "`torchvision.tv_tensors.Mask` (resized with nearest) and images in `tv_tensors.Image`.",
                 SpeedupWarning,
                 stacklevel=3,
             )
@@ -352,10 +352,14 @@ def _is_image(x: Any) -> bool:
     return isinstance(x, Image.Image)
 
 
-def _find_image(inputs: tuple[Any, ...]) -> tuple[Any, int]:
+#: PIL modes of masks and label maps: one channel of integers (or bits), or a palette
+_LABEL_MODES = frozenset({"1", "L", "P", "I", "I;16", "I;16B", "I;16L", "F"})
+
+
+def _find_image(inputs: tuple[Any, ...]) -> tuple[Any, bool]:
     """The image among a joint sample's inputs, as torchvision's v2 transforms pick it: a ``tv_tensors.Image`` or
     a PIL image first, else the first plain tensor (masks, boxes and labels are not where the size is read); and
-    how many plain tensors and PIL images of two or more dimensions the sample holds."""
+    whether an input beside it may be a mask that torchvision will not resize as one."""
     from torch.utils._pytree import tree_flatten
     from torchvision import tv_tensors
 
@@ -363,13 +367,16 @@ def _find_image(inputs: tuple[Any, ...]) -> tuple[Any, int]:
     images = [x for x in leaves if isinstance(x, tv_tensors.Image | tv_tensors.Video) or not hasattr(x, "ndim")]
     plain = [x for x in leaves if not isinstance(x, tv_tensors.TVTensor) and hasattr(x, "ndim")]
     found = images or plain
-    unmarked = len(plain) + sum(not hasattr(x, "ndim") for x in leaves)  # plain tensors and PIL images
+    # several unmarked inputs, one of which may be a mask: a plain tensor, or a PIL image in a label map's mode
+    # (two RGB views of one sample are images, rightly resized as such)
+    pil = [x for x in leaves if not hasattr(x, "ndim")]
+    suspect = len(plain) + len(images) > 1 and (plain or any(getattr(x, "mode", None) in _LABEL_MODES for x in pil))
     if not found:
         raise TypeError(
             "ScheduledResize found no image in its inputs (a PIL image or an (..., H, W) tensor); got "
             f"{', '.join(type(x).__name__ for x in tree_flatten(inputs)[0])}."
         )
-    return found[0], unmarked
+    return found[0], bool(suspect)
 
 
 def _image_size(image: Any) -> Size:

@@ -2,6 +2,7 @@
 
 import functools
 import operator
+import time
 import warnings
 
 import numpy as np
@@ -456,6 +457,29 @@ def test_a_grouping_batch_sampler_around_a_sampler_that_cannot_replay_its_order_
     full = [b[0].flatten().tolist() for b in loader]
     loader.load_state_dict({"epoch": 0, "batches": 2, "epoch_done": 0, "seeds": [0]})
     assert [b[0].flatten().tolist() for b in loader] == full[2:]
+
+
+def test_a_replaced_loader_under_a_users_batch_sampler_lets_its_workers_go():
+    # a reload swaps loaders without stopping the old one's persistent workers: they must end with its last
+    # reference, not wait for the cycle collector (the resume wrapper held the loader strongly: a cycle)
+    import gc
+    import multiprocessing
+
+    dataset = TensorDataset(torch.arange(16).float().unsqueeze(1))
+    before = len(multiprocessing.active_children())
+    batches = GroupedBatches(torch.utils.data.SequentialSampler(dataset), 4, False)
+    loader = ResumableDataLoader(dataset, batch_sampler=batches, num_workers=1, persistent_workers=True)
+    assert len(list(loader)) == 4
+    assert len(multiprocessing.active_children()) == before + 1
+    gc.disable()
+    try:
+        del loader
+        deadline = time.monotonic() + 10
+        while len(multiprocessing.active_children()) > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(multiprocessing.active_children()) == before
+    finally:
+        gc.enable()
 
 
 def test_a_batch_sampler_around_our_sharded_sampler_shows_it_to_lightning():

@@ -419,7 +419,9 @@ def test_an_image_and_its_mask_come_to_the_same_size_the_mask_with_nearest(facto
     assert ScheduledResize(8)(image=img).shape == (3, 8, 8)  # the single-image keyword still works
     # a mask as a plain tensor is no mask to torchvision (left at full size): said, once per transform
     unmarked = ScheduledResize(SIZE)
-    with pytest.warns(SpeedupWarning, match=r"got 2 plain tensors or PIL images in one sample.*tv_tensors\.Mask"):
+    with pytest.warns(
+        SpeedupWarning, match=r"image comes with a plain tensor or a one-channel PIL image.*tv_tensors\.Mask"
+    ):
         unmarked(torch.rand(3, SIZE, SIZE), torch.zeros(SIZE, SIZE, dtype=torch.long))
     with warnings.catch_warnings():
         warnings.simplefilter("error", SpeedupWarning)
