@@ -275,6 +275,7 @@ class _SkipFirstBatches:
         skip = loader.__dict__.get("_skip_batches", 0) if loader is not None else 0
         if skip and loader is not None:
             loader._skip_batches = 0
+        del loader  # a pass left unfinished must not hold it: loader -> its iterator -> this paused generator
         yield from itertools.islice(iter(self.batch_sampler), skip, None)
 
     def __len__(self) -> int:

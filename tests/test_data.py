@@ -470,6 +470,7 @@ def test_a_replaced_loader_under_a_users_batch_sampler_lets_its_workers_go():
     batches = GroupedBatches(torch.utils.data.SequentialSampler(dataset), 4, False)
     loader = ResumableDataLoader(dataset, batch_sampler=batches, num_workers=1, persistent_workers=True)
     assert len(list(loader)) == 4
+    assert len(next(iter(loader))[0]) == 4  # a pass left unfinished (limit_train_batches, a stopped epoch)
     assert len(multiprocessing.active_children()) == before + 1
     gc.disable()
     try:
