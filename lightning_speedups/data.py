@@ -245,19 +245,14 @@ class ResumableDataLoader(DataLoader):
                 if inner is not None
                 else f"The batch sampler {type(self.batch_sampler).__name__} shows no sampler whose order replays"
             )
-            rank_zero_warn(
-                f"{what}: a run resumed mid-epoch restarts the epoch's data from its first batch.",
-                category=SpeedupWarning,
-            )
+        elif skip is not None:
+            skip(state_dict["batches"] * per_batch)
             return
-        if skip is None:
-            rank_zero_warn(
-                f"The training sampler {type(sampler).__name__} has no `skip_next`: a run resumed mid-epoch "
-                "restarts the epoch's data from its first batch.",
-                category=SpeedupWarning,
-            )
-            return
-        skip(state_dict["batches"] * per_batch)
+        else:
+            what = f"The training sampler {type(sampler).__name__} has no `skip_next`"
+        rank_zero_warn(
+            f"{what}: a run resumed mid-epoch restarts the epoch's data from its first batch.", category=SpeedupWarning
+        )
 
 
 class _SkipFirstBatches:

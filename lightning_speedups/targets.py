@@ -305,23 +305,22 @@ class TargetTransformCallback(SpeedupCallback):
         self._fit_started = True
         # Here rather than in setup: the module's own `setup` and `configure_model` (which run after the callbacks'
         # `setup`) may be where its `num_classes` and its loss come from.
+        # the counts given to our callbacks that change the targets (this one's included), which must agree
+        given = _given_num_classes(trainer) if self.transforms_batches else None
         if self.num_classes is not None or not self.transforms_batches:
             self._classes = self.num_classes  # a technique that leaves the targets alone needs no class count
         else:
             # the model's and the data's count, else one given to a sibling (MixUp(num_classes=10) before a
             # LabelSmoothing): not the width of the first probabilities, which a MixUp with p < 1 may not give
-            self._classes = infer_num_classes(trainer, pl_module) or _given_num_classes(trainer)
-        if self.transforms_batches:
-            # counts that differ between our callbacks fail here, not at the first batch a sibling mixes (with
-            # p < 1, a step the seed picks)
-            given = _given_num_classes(trainer)
-            # (one given to this callback is among `given`: a count that differs is a sibling's, from the model)
-            if given is not None and self._classes is not None and given != self._classes:
-                raise ValueError(
-                    f"{type(self).__name__} counts {self._classes} classes (from the model or DataModule), another "
-                    f"callback was given num_classes={given}: give them all the number of classes the model's "
-                    "logits have."
-                )
+            self._classes = infer_num_classes(trainer, pl_module) or given
+        # counts that differ fail here, not at the first batch a sibling mixes (with p < 1, a step the seed picks);
+        # one given to this callback is among `given`, so a count that differs is one read from the model
+        if given is not None and self._classes is not None and given != self._classes:
+            raise ValueError(
+                f"{type(self).__name__} counts {self._classes} classes (from the model or DataModule), another "
+                f"callback was given num_classes={given}: give them all the number of classes the model's logits "
+                "have."
+            )
         if self.check_loss:
             self.check_module(pl_module)
 
