@@ -195,6 +195,13 @@ def test_bad_pacing(kwargs, match):
         fs.Pacing(**kwargs)
 
 
+def test_step_pacing_opens_all_the_data_at_its_step_despite_float_rounding():
+    # 0.07 x 100 = 7.000000000000001: u was just below 1 at step 7, so all the data came a step late
+    for full_at, total, at in ((0.07, 100, 7), (0.14, 100, 14), (0.28, 50, 14)):
+        pace = fs.Pacing("step", start=0.2, full_at=full_at).fraction([at - 1, at], total)
+        np.testing.assert_array_equal(pace, [0.2, 1.0])
+
+
 def test_pacing_over_the_run_needs_its_length():
     with pytest.raises(ValueError, match="set `max_epochs` or `max_steps`"):
         fs.Pacing("linear").fraction([0], math.inf)

@@ -198,6 +198,42 @@ def test_pacing_follows_the_real_steps_after_a_reload_with_another_batch_size():
         assert rank[indices].max() < fs.pool_sizes(cur.pacing.fraction([step], 50), 80)[0], step
 
 
+def test_a_reload_with_other_difficulties_reorders_even_at_the_same_length():
+    # The order was kept while the dataset's length and the seed stayed: epoch 1 drew the new set's hardest.
+    class Reversed(IndexDM):
+        def train_dataloader(self):
+            if self.trainer.current_epoch >= 1:
+                self.train_difficulty = np.random.default_rng(1).permutation(80)[::-1].astype(float)
+            return super().train_dataloader()
+
+    cur = CurriculumOrdering("fixed_exponential", start_fraction=0.1, step_length=10**6)  # 8 easiest throughout
+    model, t = fit([cur], max_epochs=2, dm=Reversed(), reload_dataloaders_every_n_epochs=1)
+    first, second = epochs_of(model, t.num_training_batches)
+    before = np.random.default_rng(1).permutation(80)
+    assert set(first) <= set(np.flatnonzero(before < 8).tolist())
+    assert set(second) <= set(np.flatnonzero(before[::-1] < 8).tolist())
+
+
+def test_a_scorer_scores_a_training_set_of_another_size_at_a_reload():
+    # The fit start's 40 scores were used for a set of 48: a ValueError after the first epoch.
+    from torch.utils.data import TensorDataset
+
+    class Grows(IndexDM):
+        def get_train_dataset(self):
+            if self.trainer is not None and self.trainer.current_epoch >= 1:
+                return TensorDataset(torch.arange(48).float().unsqueeze(1), torch.zeros(48, dtype=torch.long))
+            return self.train_dataset
+
+    def by_value(pl_module, batch):  # difficulty = the sample's value
+        return batch[0].reshape(-1)
+
+    cur = CurriculumOrdering("fixed_exponential", start_fraction=0.1, step_length=10**6, difficulty=by_value)
+    with pytest.warns(SpeedupWarning, match="has 48 samples at this loader reload, the difficulty was scored on 40"):
+        model, t = fit([cur], n=40, max_epochs=2, dm=Grows(40), reload_dataloaders_every_n_epochs=1)
+    assert len(cur.scores) == 48 and t.global_step == 5 + 6
+    assert {i for b in model.seen[5:] for i in b} <= set(range(5))  # ceil(0.1 x 48) easiest of the new set
+
+
 class BatchOfEightThenFour(IndexDM):
     """Batch size 8 in epoch 0, 4 after it: a loader reloaded with another length."""
 
@@ -580,6 +616,7 @@ def test_shuffle_false_beside_a_sampling_callback_is_said_to_be_ignored():
         (lambda: CurriculumOrdering(difficulty="easy"), TypeError, "`difficulty` must be an array"),
         (lambda: CurriculumOrdering(task_order="abc"), TypeError, "`task_order` must be a sequence of task ids"),
         (lambda: CurriculumOrdering(task_order=[1, 0, 1]), ValueError, r"`task_order` must list each task once"),
+        (lambda: CurriculumOrdering(anti_curriculum="no"), TypeError, "`anti_curriculum` must be True or False"),
     ],
 )
 def test_bad_arguments_fail_at_construction(make, error, match):

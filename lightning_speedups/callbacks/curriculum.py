@@ -196,6 +196,10 @@ class CurriculumOrdering(SpeedupCallback):
             if value is not None and not callable(value) and (isinstance(value, str) or not hasattr(value, "__len__")):
                 raise TypeError(f"`{name}` must be an array of one value per sample or a callable, got {value!r}.")
         self.difficulty = difficulty
+        if not isinstance(anti_curriculum, bool | np.bool_):
+            raise TypeError(
+                f"`anti_curriculum` must be True or False, got {anti_curriculum!r}: True orders hardest first."
+            )
         self.anti_curriculum = bool(anti_curriculum)
         self.tasks = tasks
         if task_order is not None and (
@@ -210,6 +214,9 @@ class CurriculumOrdering(SpeedupCallback):
         self.scores: np.ndarray | None = None  # from a scorer; saved in checkpoints
         self.order: np.ndarray | None = None
         self._order_seed: int | None = None
+        # the difficulty and task ids the order was worked out from: a reloaded loader whose datamodule gives
+        # other values (a new dataset, of the same length too) gets a new order, the same values keep it
+        self._order_inputs: tuple[np.ndarray | None, np.ndarray | None] | None = None
         self._plan: SamplingPlan | None = None
         #: the pacing clock's anchor a resumed run takes from its checkpoint (see ``samplers.step_clock``)
         self.restored_clock_anchor: tuple[int, int] | None = None
@@ -281,11 +288,21 @@ class CurriculumOrdering(SpeedupCallback):
         Equal difficulties are ordered at random by ``seed`` (the callback's own seed, if it has one).
         """
         seed = self._given_seed if self._given_seed is not None else seed
+        difficulty, tasks = self._order_values(datamodule, dataset)
+        return self._order_from(difficulty, tasks, datamodule, seed)
+
+    def _order_values(
+        self, datamodule: SpeedupDataModule, dataset: Dataset
+    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The difficulty and the task ids of each sample of ``dataset``, checked."""
         size = len(dataset)  # type: ignore[arg-type]
         if size == 0:
             raise ValueError(f"{self._who}: the training dataset is empty.")
-        difficulty = self._difficulty_array(datamodule, size)
-        tasks = self._task_array(datamodule, dataset, size)
+        return self._difficulty_array(datamodule, size), self._task_array(datamodule, dataset, size)
+
+    def _order_from(
+        self, difficulty: np.ndarray | None, tasks: np.ndarray | None, datamodule: SpeedupDataModule, seed: int
+    ) -> np.ndarray:
         if self.task_order is not None and tasks is None:
             raise ValueError(
                 f"{self._who}: `task_order={self.task_order}` needs a task id per sample, and none was given: pass "
@@ -309,7 +326,7 @@ class CurriculumOrdering(SpeedupCallback):
             )
         except ValueError as err:
             raise ValueError(f"{self._who}: {err}") from err
-        self.order, self._order_seed = order, seed
+        self.order, self._order_seed, self._order_inputs = order, seed, (difficulty, tasks)
         return order
 
     def _scorer_note(self, scorer: Any, batch: Any) -> str:
@@ -390,8 +407,18 @@ class CurriculumOrdering(SpeedupCallback):
     ) -> None:
         """Add the order and the pacing to ``plan`` (how the callback composes with others)."""
         seed = self._given_seed if self._given_seed is not None else seed
-        if self.order is None or len(self.order) != len(dataset) or self._order_seed != seed:  # type: ignore[arg-type]
-            self.compute_order(datamodule, dataset, seed)
+        size = len(dataset)  # type: ignore[arg-type]
+        if self.uses_scorer and self.scores is not None and len(self.scores) != size:
+            # a reloaded loader with a training set of another size: the fit start's scores are of other samples
+            self.warn(
+                f"the training set has {size} samples at this loader reload, the difficulty was scored on "
+                f"{len(self.scores)}: it is scored again, with the model as trained so far (not as it was at fit "
+                "start)."
+            )
+            self.scores = None  # `_difficulty_array` scores the new set
+        values = self._order_values(datamodule, dataset)
+        if self.order is None or self._order_seed != seed or not _same_values(values, self._order_inputs):
+            self._order_from(*values, datamodule, seed)
         assert self.order is not None
         plan.add_curriculum(self.order, self.pacing, seed=seed, source=self._who)
         self._plan = plan
@@ -501,3 +528,16 @@ class CurriculumOrdering(SpeedupCallback):
             # an order worked out before this restore (strategies that restore after their setup score the fresh
             # model at fit start) came from other scores: the next loader works it out again from these
             self.order = None
+
+
+def _same_values(
+    values: tuple[np.ndarray | None, np.ndarray | None],
+    before: tuple[np.ndarray | None, np.ndarray | None] | None,
+) -> bool:
+    """Whether an order's difficulty and task ids are those ``before`` (None: no order yet)."""
+    if before is None:
+        return False
+    return all(
+        (a is None and b is None) or (a is not None and b is not None and a.shape == b.shape and np.array_equal(a, b))
+        for a, b in zip(values, before, strict=True)
+    )

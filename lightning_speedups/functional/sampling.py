@@ -514,6 +514,8 @@ class Pacing:
                 "or `max_steps` on the Trainer, or use pacing='fixed_exponential'."
             )
         u = np.maximum(s, 0.0) / (self.full_at * total_steps)
+        # the step at which all the data is due (0.07 x 100 = 7.000000000000001: u just below 1 at step 7)
+        u = np.where(np.abs(u - 1.0) < 1e-9, 1.0, u)
         if self.kind == "linear":
             g = u
         elif self.kind == "quad":
