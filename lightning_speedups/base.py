@@ -469,6 +469,28 @@ class SpeedupCallback(Callback):
         """``MixUp(alpha=0.4, p=0.5)``: the class and the ``__init__`` arguments (those a subclass passes on through
         ``**kwargs`` included) that differ from their defaults, read from the attributes of the same names;
         arguments kept under another name are left out, long values (arrays, label lists) shown by their type."""
+        parameters = self._init_parameters()
+        values = self._repr_values()
+        parts = []
+        for name, param in parameters.items():
+            value = values.get(name, _MISSING)
+            if value is _MISSING or _is_default(value, param.default):
+                continue
+            parts.append(f"{name}={_short_repr(value)}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+    def _differing_settings(self, other: SpeedupCallback) -> dict[str, tuple[Any, Any]]:
+        """``{argument: (this one's value, other's)}`` for the ``__init__`` arguments (as ``repr`` reads them) in
+        which this callback differs from ``other``, a callback of the same class."""
+        mine, theirs = self._repr_values(), other._repr_values()
+        return {
+            name: (mine[name], theirs[name])
+            for name in self._init_parameters()
+            if name in mine and name in theirs and not _is_default(mine[name], theirs[name])
+        }
+
+    def _init_parameters(self) -> dict[str, inspect.Parameter]:
+        """The callback's ``__init__`` arguments by name, those a subclass passes on through ``**kwargs`` included."""
         parameters: dict[str, inspect.Parameter] = {}
         for cls in type(self).__mro__:
             init = cls.__dict__.get("__init__")
@@ -483,18 +505,7 @@ class SpeedupCallback(Callback):
                     parameters.setdefault(param.name, param)
             if cls is SpeedupCallback or not any(p.kind is p.VAR_KEYWORD for p in signature):
                 break  # the rest of the arguments are not this callback's
-        values = self._repr_values()
-        parts = []
-        for name, param in parameters.items():
-            value = values.get(name, _MISSING)
-            if value is _MISSING or _is_default(value, param.default):
-                continue
-            try:
-                text = repr(value)
-            except Exception:  # a repr must not raise, whatever a setting holds
-                text = ""
-            parts.append(f"{name}={text if 0 < len(text) <= 100 else f'<{type(value).__name__}>'}")
-        return f"{type(self).__name__}({', '.join(parts)})"
+        return parameters
 
     def _repr_values(self) -> dict[str, Any]:
         """The values ``__repr__`` shows for the ``__init__`` arguments of the same names; override where a
@@ -655,6 +666,15 @@ def _is_default(value: Any, default: Any) -> bool:
         return type(value) is type(default) and bool(value == default)
     except Exception:  # arrays and tensors compare element-wise; an odd `__eq__` may raise anything
         return False
+
+
+def _short_repr(value: Any) -> str:
+    """``repr(value)``, or ``<type>`` for a long one (an array, a label list) or one whose repr raises."""
+    try:
+        text = repr(value)
+    except Exception:  # a repr must not raise, whatever a setting holds
+        text = ""
+    return text if 0 < len(text) <= 100 else f"<{type(value).__name__}>"
 
 
 def _is_number(value: Any) -> bool:

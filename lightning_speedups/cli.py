@@ -51,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME[:k=v,...]",
         help=(
             "a callback, e.g. MixUp:alpha=0.4, or your own as package.module:Class[:k=v,...] (repeatable): alone, "
-            "the recipe instead of a preset; with --preset, added to it (one of a class the preset has replaces "
-            "that one)"
+            "the recipe instead of a preset; with --preset, added to it (one of a class the preset has changes the "
+            "arguments it gives of that one)"
         ),
     )
     cmp.add_argument("--model", help="your LightningModule class, as package.module:Class")

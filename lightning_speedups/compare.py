@@ -33,7 +33,7 @@ import statistics
 import sys
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -205,6 +205,15 @@ def _split_args(spec: str, text: str) -> list[str]:
 def parse_callback(spec: str) -> Callback:
     """``"MixUp"`` or ``"MixUp:alpha=0.4,p=0.5"`` -> a callback instance; values are Python literals (lists and
     tuples included) or, failing that, plain strings."""
+    cls, kwargs = _parse_spec(spec)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise CompareError(f"--callback {spec!r}: {err}") from err
+
+
+def _parse_spec(spec: str) -> tuple[type[Callback], dict[str, Any]]:
+    """``"MixUp:alpha=0.4"`` -> ``(MixUp, {"alpha": 0.4})``, the arguments checked against the class's."""
     name, _, arg_text = spec.partition(":")
     head, _, rest = arg_text.partition(":")
     try:
@@ -232,10 +241,7 @@ def parse_callback(spec: str) -> Callback:
     problem = presets.unknown_arguments(cls, kwargs)
     if problem:  # named after the class asked for, not the base class whose __init__ would refuse it
         raise CompareError(f"--callback {spec!r}: {problem}")
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as err:
-        raise CompareError(f"--callback {spec!r}: {err}") from err
+    return cls, kwargs
 
 
 def _factories(cfg: CompareConfig) -> tuple[Callable[[], pl.LightningModule], Callable[[], pl.LightningDataModule]]:
@@ -281,24 +287,57 @@ def _recipe(cfg: CompareConfig) -> tuple[str, Callable[[], list[Callback]], dict
     if name == BASELINE:
         raise CompareError("--preset baseline would compare the baseline with itself; pick another preset.")
     try:
-        recipe = presets.get(name, accelerator=cfg.accelerator, devices=cfg.devices)
+        overrides, added = _preset_overrides(name, cfg.callbacks)
+        recipe = presets.get(name, accelerator=cfg.accelerator, devices=cfg.devices, **overrides)
     except presets.UnknownPresetError as err:
         raise CompareError(str(err)) from err
     except TypeError as err:  # a function preset whose factory refused (e.g. a missing argument)
         raise CompareError(f"preset {name!r} could not build its callbacks: {type(err).__name__}: {err}") from err
     except ValueError as err:  # a bad argument, or a recipe these devices cannot run: its own message says which
-        raise CompareError(f"preset {name!r}: {err}") from err
+        hint = ""
+        if "BatchSizeFinder" in str(err):  # its fix is Python's (`presets.get(...)`); compare's is another
+            hint = " With compare: run it with --devices 1 (the finder searches in one process only)."
+        raise CompareError(f"preset {name!r}: {err}{hint}") from err
     # The recommended accelerator, devices, precision and strategy are every arm's (one setting for all, so the
     # comparison is fair); a precision or strategy the preset itself fixes is part of the recipe, and stays.
     own = presets.lookup(name).trainer
     shared = {"accelerator", "devices"} | ({"precision", "strategy"} - set(own))
     extra = {k: v for k, v in recipe.trainer_kwargs.items() if k not in shared}
 
-    def callbacks() -> list[Callback]:  # a fresh set per run; a --callback of a class the preset has replaces it
-        built = presets.get(name, accelerator=cfg.accelerator, devices=cfg.devices)
-        return built.with_callbacks([parse_callback(s) for s in cfg.callbacks])
+    def callbacks() -> list[Callback]:  # a fresh set per run
+        built = presets.get(name, accelerator=cfg.accelerator, devices=cfg.devices, **overrides)
+        return built.with_callbacks([parse_callback(s) for s in added])
 
     return (f"{name} + {', '.join(cfg.callbacks)}" if cfg.callbacks else name), callbacks, extra
+
+
+def _preset_overrides(name: str, specs: Sequence[str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """``--callback`` specs for preset ``name``: those of a class the (declarative) preset has become overrides of
+    that callback's arguments, ``{spec name: {arg: value}}`` as :func:`presets.get` takes them, so the preset's
+    other arguments stay (``LinearScalingWarmup:warmup=0.1`` keeps ``reference_batch_size='initial'``); the
+    others are added as callbacks."""
+    preset_specs = [spec_name for spec_name, _ in presets.lookup(name).callbacks]
+    classes = {}
+    for spec_name in preset_specs:
+        try:
+            classes[spec_name] = presets.resolve_callback_class(spec_name)
+        except ValueError:  # checked when the preset was registered: a class that moved since, say
+            continue
+    overrides: dict[str, dict[str, Any]] = {}
+    added: list[str] = []
+    for spec in specs:
+        cls, kwargs = _parse_spec(spec)
+        slot = next((n for n, c in classes.items() if c is cls), None)
+        if slot is None:
+            added.append(spec)
+        elif slot in overrides:
+            raise CompareError(
+                f"--callback {spec!r}: the preset's {slot} was changed by an earlier --callback already; give its "
+                "arguments in one --callback."
+            )
+        else:
+            overrides[slot] = kwargs
+    return overrides, added
 
 
 def _measure_at_full_size(callbacks: list[Callback]) -> list[Callback]:
@@ -491,8 +530,9 @@ def _run(
         notes = "".join(f" {note}" for note in getattr(err, "__notes__", []))  # e.g. which callback is behind it
         if (not cfg.callbacks or cfg.preset not in (None, BASELINE)) and arm not in (BASELINE, BUDGET):  # a preset's
             notes += (
-                " If a callback of the preset does not suit your model, replace it with `--callback Name:arg=value`"
-                f" (one of its class takes its place), or list your own with --callback alone "
+                " If a callback of the preset does not suit your model, change its arguments with "
+                "`--callback Name:arg=value` (those given change, the preset's others stay), or list your own with "
+                "--callback alone "
                 f"(`lightning-speedups presets {cfg.preset or DEFAULT_PRESET}` shows the preset's)."
             )
         raise CompareError(

@@ -5,7 +5,8 @@ LightningCLI (``--trainer.callbacks+=MixUp --trainer.callbacks.alpha=0.4``). ``S
 name: its callbacks come before the others the command line, a config or the script's ``trainer_defaults`` give,
 and one of those of a class the preset has already replaces the preset's (logged on rank zero; one of the command
 line or a config takes its place in the list), which is also how to change a preset callback's arguments from the
-command line::
+command line. The replacement is built as given, its other arguments at their class defaults, not the preset's:
+a warning lists those that differ, so give the ones to keep too (``lightning-speedups presets NAME`` shows them)::
 
     # train.py
     from lightning_speedups.lightning_cli import SpeedupCLI

@@ -37,7 +37,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import BatchSizeFinder, Callback
 from lightning.pytorch.strategies import ParallelStrategy
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_speedups import _checks
 
@@ -158,12 +158,34 @@ def _put_users_in_place(
             merged.append(callback)
             continue
         if mine is not callback:
-            rank_zero_info(
-                f"Preset {name!r}: your {type(mine).__name__} replaces the preset's {type(callback).__name__}."
-            )
+            _say_replaced(name, callback, mine)
         merged.append(mine)
         placed.append(mine)
     return merged, placed
+
+
+def _say_replaced(name: str, preset_callback: Callback, mine: Callback) -> None:
+    """Log on rank zero that ``mine`` replaces the preset's callback; warn, naming them, where their arguments
+    differ: a replacement is used as given, so an argument left out of it is its class's default, not the preset's
+    (``--trainer.callbacks+=LinearScalingWarmup --trainer.callbacks.warmup=0.1`` has reference 256, not
+    ``'initial'``)."""
+    from lightning_speedups.base import SpeedupCallback, SpeedupWarning, _short_repr
+
+    what = f"Preset {name!r}: your {type(mine).__name__} replaces the preset's {type(preset_callback).__name__}"
+    differ = {}
+    if isinstance(mine, SpeedupCallback) and isinstance(preset_callback, type(mine)):
+        differ = mine._differing_settings(preset_callback)
+    if not differ:
+        rank_zero_info(f"{what}.")
+        return
+    listed = ", ".join(f"{k}={_short_repr(a)} (the preset's: {_short_repr(b)})" for k, (a, b) in differ.items())
+    cls = type(mine).__name__
+    rank_zero_warn(
+        f"{what}, with other arguments: {listed}. A replacement is used as given, every argument it leaves out at "
+        f"its class's default: give those you meant to keep as the preset has them (`lightning-speedups presets "
+        f"{name}` lists them), or change only some in Python: presets.get({name!r}, {cls}={{...}}).",
+        category=SpeedupWarning,
+    )
 
 
 def _replace_by_users(name: str, preset_callbacks: Sequence[Callback], users: Sequence[Callback]) -> list[Callback]:

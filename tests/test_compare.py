@@ -285,6 +285,7 @@ def test_a_batch_size_finder_preset_on_several_devices_stops_before_training(cap
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: preset 'large-batch': Preset 'large-batch' has a BatchSizeFinder, which runs on one")
+    assert "With compare: run it with --devices 1" in err  # not only the fix in Python its message gives
     assert "Traceback" not in err and not list(tmp_path.iterdir())  # nothing trained, nothing written
 
 
@@ -301,6 +302,13 @@ def test_a_preset_with_callbacks_takes_them_as_recipe_trainer_does():
     assert [type(c) for c in built] == expected
     assert next(c for c in built if isinstance(c, LabelSmoothing)).smoothing == 0.05
     assert all(a is not b for a, b in zip(built, make(), strict=True))  # a fresh set for each run
+    # a preset's class changes the arguments given only: the warmup was rebuilt from its class's defaults
+    # (reference 256, not 'initial': a quarter of the learning rate at batch 64)
+    _, make, _ = _recipe(CompareConfig(preset="vision-mild", callbacks=["LinearScalingWarmup:warmup=0.1"]))
+    (warmup,) = [c for c in make() if type(c).__name__ == "LinearScalingWarmup"]
+    assert (warmup.reference_batch_size, warmup.warmup, warmup.warmup_unit) == ("initial", 0.1, "fraction")
+    with pytest.raises(CompareError, match="changed by an earlier --callback already; give its arguments in one"):
+        _recipe(CompareConfig(preset="vision-mild", callbacks=["LabelSmoothing:smoothing=0.05", "LabelSmoothing"]))
     label, make, _ = _recipe(CompareConfig(preset="baseline", callbacks=["MixUp"], accelerator="cpu"))
     assert label == "callbacks: MixUp" and [type(c) for c in make()] == [MixUp]  # the baseline plus MixUp
 
@@ -561,7 +569,7 @@ def test_a_failing_default_preset_is_told_how_to_choose_its_callbacks(tmp_path, 
     args = ["--model", "unusual_models:FlatNet", "--datamodule", "lightning_speedups.demo:DigitsDataModule"]
     assert main(["compare", *args, *TINY[4:], "--repeats", "1", "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert "replace it with `--callback Name:arg=value`" in err and "or list your own with --callback alone" in err
+    assert "change its arguments with `--callback Name:arg=value`" in err and "or list your own with --callback alone" in err
     assert "`lightning-speedups presets vision-mild` shows the preset's" in err
 
 
@@ -679,7 +687,7 @@ def test_a_preset_that_does_not_suit_the_model_points_to_choosing_callbacks(tmp_
     out = tmp_path / "out"
     assert main(["compare", *args, *TINY[4:], "--repeats", "1", "--preset", "vision-mild", "--output", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "ProgressiveResizing had resized" in err and "replace it with `--callback Name:arg=value`" in err
+    assert "ProgressiveResizing had resized" in err and "change its arguments with `--callback Name:arg=value`" in err
 
 
 def test_a_module_not_found_says_where_it_is_looked_for(capsys, tmp_path):

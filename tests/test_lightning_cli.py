@@ -153,8 +153,9 @@ def test_the_scripts_trainer_defaults_win_over_the_presets_settings(monkeypatch)
 def test_a_users_callback_of_a_presets_class_replaces_the_presets_in_the_cli(monkeypatch):
     # Lightning refused the pair ("Found more than one stateful callback of type `MixUp`"), and a different `p`
     # would have mixed twice: the user's explicit callback wins, as on the command line
-    infos: list[str] = []
-    monkeypatch.setattr(presets, "rank_zero_info", lambda message, *a, **k: infos.append(message), raising=False)
+    said: list[str] = []
+    monkeypatch.setattr(presets, "rank_zero_info", lambda message, *a, **k: said.append(message), raising=False)
+    monkeypatch.setattr(presets, "rank_zero_warn", lambda message, *a, **k: said.append(message), raising=False)
     c = cli(
         ["--preset=vision-medium", "--trainer.callbacks+=MixUp", "--trainer.callbacks.alpha=0.4"],
         cls=SpeedupCLI,
@@ -165,10 +166,11 @@ def test_a_users_callback_of_a_presets_class_replaces_the_presets_in_the_cli(mon
     # at the end, drops the preset's
     assert [type(cb) for cb in ours] == [ProgressiveResizing, MixUp, LinearScalingWarmup, LabelSmoothing]
     assert ours[1].alpha == 0.4 and ours[-1].smoothing == 0.05
-    assert infos == [
-        "Preset 'vision-medium': your LabelSmoothing replaces the preset's LabelSmoothing.",
-        "Preset 'vision-medium': your MixUp replaces the preset's MixUp.",
+    assert [s.split(",")[0] for s in said] == [  # each differs from the preset's: said with the arguments
+        "Preset 'vision-medium': your LabelSmoothing replaces the preset's LabelSmoothing",
+        "Preset 'vision-medium': your MixUp replaces the preset's MixUp",
     ]
+    assert "smoothing=0.05 (the preset's: 0.1)" in said[0] and "alpha=0.4 (the preset's: 0.2)" in said[1]
 
 
 def test_a_class_from_the_command_line_and_the_scripts_defaults_is_refused_as_without_a_preset(monkeypatch):

@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_speedups import LabelSmoothing, MixUp, ProgressiveResizing, cli, presets
+from lightning_speedups import (
+    LabelSmoothing,
+    LinearScalingWarmup,
+    MixUp,
+    ProgressiveResizing,
+    SpeedupWarning,
+    cli,
+    presets,
+)
 from lightning_speedups.presets import Preset, UnknownPresetError, declarative, register_preset
 
 
@@ -383,7 +391,8 @@ def test_a_users_callback_of_a_presets_class_replaces_the_presets(infos):
     # two MixUps would mix every batch twice (different p), or trip Lightning's unique state_key check
     recipe = presets.get("vision-medium", accelerator="cpu")
     mine = MixUp(alpha=0.4, p=0.9)
-    trainer = recipe.trainer(callbacks=[mine], logger=False, enable_checkpointing=False)
+    with pytest.warns(SpeedupWarning, match=r"alpha=0\.4 \(the preset's: 0\.2\), p=0\.9 \(the preset's: 1\.0\)\."):
+        trainer = recipe.trainer(callbacks=[mine], logger=False, enable_checkpointing=False)
     ours = [cb for cb in trainer.callbacks if type(cb).__module__.startswith("lightning_speedups")]
     assert [type(cb).__name__ for cb in ours] == [  # in the preset's slot: batch transforms run in this order
         "ProgressiveResizing",
@@ -392,10 +401,28 @@ def test_a_users_callback_of_a_presets_class_replaces_the_presets(infos):
         "LinearScalingWarmup",
     ]
     assert [cb for cb in ours if isinstance(cb, MixUp)] == [mine]
-    assert infos == ["Preset 'vision-medium': your MixUp replaces the preset's MixUp."]
-    # same arguments as the preset's: Lightning refused the pair ("more than one stateful callback")
+    # same arguments as the preset's: Lightning refused the pair ("more than one stateful callback"); an info line
     trainer = recipe.trainer(callbacks=LabelSmoothing(0.1), logger=False, enable_checkpointing=False)
     assert len([cb for cb in trainer.callbacks if isinstance(cb, LabelSmoothing)]) == 1
+    assert infos == ["Preset 'vision-medium': your LabelSmoothing replaces the preset's LabelSmoothing."]
+
+
+def test_a_replacement_that_leaves_out_the_presets_arguments_says_which(infos):
+    # from the command line a replacement is built from its class's defaults: a LinearScalingWarmup given only a
+    # new length had reference 256 (a quarter of the user's learning rate at batch 64), with an info line only
+    recipe = presets.get("vision-mild", accelerator="cpu")
+    with pytest.warns(SpeedupWarning) as record:
+        recipe.with_callbacks([LinearScalingWarmup(warmup=0.1)])
+    (message,) = [str(w.message) for w in record]
+    assert message.startswith("Preset 'vision-mild': your LinearScalingWarmup replaces the preset's")
+    for part in (
+        "reference_batch_size=256 (the preset's: 'initial')",
+        "warmup=0.1 (the preset's: 0.05)",
+        "warmup_unit='epochs' (the preset's: 'fraction')",
+        "presets.get('vision-mild', LinearScalingWarmup={...})",
+    ):
+        assert part in message
+    assert infos == []
 
 
 def test_a_replacing_crop_keeps_the_presets_place_before_cutmix(infos):
