@@ -26,7 +26,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -423,3 +424,12 @@ def check_plan_in_use(trainer: pl.Trainer, who: str) -> SamplingPlan:
             category=SpeedupWarning,
         )
     return plan
+
+
+def weak_ref(obj: Any) -> Callable[[], Any]:
+    """A weak reference to ``obj`` (a callback remembers the dataset it worked something out for, without keeping
+    it alive); a strong one for an object that takes no weak reference (a plain list as the dataset)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj

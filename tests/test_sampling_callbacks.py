@@ -234,6 +234,40 @@ def test_a_scorer_scores_a_training_set_of_another_size_at_a_reload():
     assert {i for b in model.seen[5:] for i in b} <= set(range(5))  # ceil(0.1 x 48) easiest of the new set
 
 
+def test_a_run_resumed_after_a_reload_that_rescored_keeps_the_checkpoints_scores(tmp_path):
+    # At fit start the datamodule still gave the first (40-sample) set, so the saved 48 scores were thrown away and
+    # the set scored again with the resumed model: other scores, another order, other draws than the uninterrupted run
+    from torch.utils.data import TensorDataset
+
+    class Grows(IndexDM):
+        def get_train_dataset(self):
+            if self.trainer is not None and self.trainer.current_epoch >= 1:
+                if not hasattr(self, "big"):
+                    self.big = TensorDataset(torch.arange(48).float().unsqueeze(1), torch.from_numpy(long_tail(48)))
+                return self.big
+            return self.train_dataset
+
+    def run(ckpt_path=None, save=False):
+        seed_everything(0)
+        model, cur = IndexModel(40), CurriculumOrdering("linear", start_fraction=0.2, difficulty=LossScore())
+        every = ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, save_on_train_epoch_end=True)
+        t = trainer(
+            max_epochs=3,
+            callbacks=[cur, every] if save else [cur],
+            reload_dataloaders_every_n_epochs=1,
+            enable_checkpointing=save,
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SpeedupWarning)  # the reload's re-scoring, said in the test above
+            t.fit(model, datamodule=Grows(40), ckpt_path=ckpt_path)
+        return model, cur
+
+    full, full_cur = run(save=True)
+    resumed, cur = run(ckpt_path=next(tmp_path.glob("epoch=1*.ckpt")))
+    assert len(cur.scores) == 48 and np.array_equal(cur.scores, full_cur.scores)
+    assert resumed.seen == full.seen[-len(resumed.seen) :] and len(resumed.seen) == 6
+
+
 class BatchOfEightThenFour(IndexDM):
     """Batch size 8 in epoch 0, 4 after it: a loader reloaded with another length."""
 

@@ -24,6 +24,7 @@ from lightning_speedups.samplers import (
     check_plan_in_use,
     datamodule_seed,
     require_speedup_datamodule,
+    weak_ref,
 )
 
 if TYPE_CHECKING:
@@ -289,19 +290,32 @@ class CurriculumOrdering(SpeedupCallback):
         """
         seed = self._given_seed if self._given_seed is not None else seed
         difficulty, tasks = self._order_values(datamodule, dataset)
-        return self._order_from(difficulty, tasks, datamodule, seed)
+        return self._order_from(difficulty, tasks, datamodule, dataset, seed)
 
     def _order_values(
         self, datamodule: SpeedupDataModule, dataset: Dataset
     ) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """The difficulty and the task ids of each sample of ``dataset``, checked."""
+        """The difficulty and the task ids of each sample of ``dataset``, checked. Those given to the callback
+        (an array, a ``tasks`` callable that may read every sample) are read once per dataset; the datamodule's
+        and a scorer's are read each time (a reload may have changed them)."""
         size = len(dataset)  # type: ignore[arg-type]
         if size == 0:
             raise ValueError(f"{self._who}: the training dataset is empty.")
-        return self._difficulty_array(datamodule, size), self._task_array(datamodule, dataset, size)
+        kept = self._order_inputs
+        of = self.__dict__.get("_order_of")
+        same_set = kept is not None and of is not None and of() is dataset
+        given = self.difficulty is not None and not self.uses_scorer
+        difficulty = kept[0] if same_set and given else self._difficulty_array(datamodule, size)  # type: ignore[index]
+        tasks = kept[1] if same_set and self.tasks is not None else self._task_array(datamodule, dataset, size)  # type: ignore[index]
+        return difficulty, tasks
 
     def _order_from(
-        self, difficulty: np.ndarray | None, tasks: np.ndarray | None, datamodule: SpeedupDataModule, seed: int
+        self,
+        difficulty: np.ndarray | None,
+        tasks: np.ndarray | None,
+        datamodule: SpeedupDataModule,
+        dataset: Dataset,
+        seed: int,
     ) -> np.ndarray:
         if self.task_order is not None and tasks is None:
             raise ValueError(
@@ -327,6 +341,7 @@ class CurriculumOrdering(SpeedupCallback):
         except ValueError as err:
             raise ValueError(f"{self._who}: {err}") from err
         self.order, self._order_seed, self._order_inputs = order, seed, (difficulty, tasks)
+        self._order_of = weak_ref(dataset)
         return order
 
     def _scorer_note(self, scorer: Any, batch: Any) -> str:
@@ -418,7 +433,9 @@ class CurriculumOrdering(SpeedupCallback):
             self.scores = None  # `_difficulty_array` scores the new set
         values = self._order_values(datamodule, dataset)
         if self.order is None or self._order_seed != seed or not _same_values(values, self._order_inputs):
-            self._order_from(*values, datamodule, seed)
+            self._order_from(*values, datamodule, dataset, seed)
+        else:
+            self._order_of = weak_ref(dataset)
         assert self.order is not None
         plan.add_curriculum(self.order, self.pacing, seed=seed, source=self._who)
         self._plan = plan
@@ -445,7 +462,7 @@ class CurriculumOrdering(SpeedupCallback):
             return
         datamodule = require_speedup_datamodule(trainer, self._who)
         # A new fit scores the model it starts from; a resumed one gets its saved scores back after setup.
-        self.order, self.scores = None, None
+        self.order, self.scores, self._order_inputs, self._scores_restored = None, None, None, False
         self.restored_clock_anchor = None  # likewise a resumed run's pacing anchor
         dataset = datamodule.indexed_train_dataset(self._who)
         if not self.uses_scorer:  # bad scores fail here, before training; a scorer runs at fit start
@@ -461,10 +478,15 @@ class CurriculumOrdering(SpeedupCallback):
         if not self.uses_scorer:
             return
         datamodule = require_speedup_datamodule(trainer, self._who)
-        # The model is set up and on its device; a resumed run restored its scores before this hook.
-        if self.scores is None or len(self.scores) != len(datamodule.get_train_dataset()):  # type: ignore[arg-type]
+        # The model is set up and on its device; a resumed run restored its scores before this hook, and keeps
+        # them: they may be of a training set a reload gave (Lightning restores the epoch after this hook, so the
+        # datamodule may still give the first one here); the loader built for the resumed epoch checks their size.
+        restored, self._scores_restored = self.__dict__.get("_scores_restored", False), False
+        dataset = datamodule.get_train_dataset()
+        if self.scores is None or (not restored and len(self.scores) != len(dataset)):  # type: ignore[arg-type]
             self.scores = self.score(trainer, pl_module, datamodule)
-        self.compute_order(datamodule, datamodule.get_train_dataset(), datamodule_seed(datamodule))
+        if len(self.scores) == len(dataset):  # type: ignore[arg-type]
+            self.compute_order(datamodule, dataset, datamodule_seed(datamodule))
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -509,6 +531,13 @@ class CurriculumOrdering(SpeedupCallback):
             out["pool_size"] = float(fs.pool_sizes(np.array([self._fraction]), len(self.order))[0])
         return out
 
+    def __getstate__(self) -> dict[str, Any]:
+        # picklable (ddp_spawn sends the callbacks to its processes): without the reference to the dataset the
+        # order was worked out for, so a copy reads the difficulty again for the dataset it meets
+        state = dict(self.__dict__)
+        state.pop("_order_of", None)
+        return state
+
     def state_dict(self) -> dict[str, Any]:
         state = {**super().state_dict(), "pacing": self.pacing.kind}
         if self.scores is not None:
@@ -525,6 +554,7 @@ class CurriculumOrdering(SpeedupCallback):
         scores = state_dict.get("scores")
         if scores is not None and self.uses_scorer:
             self.scores = np.asarray(scores.numpy() if hasattr(scores, "numpy") else scores, dtype=np.float32)
+            self._scores_restored = True
             # an order worked out before this restore (strategies that restore after their setup score the fresh
             # model at fit start) came from other scores: the next loader works it out again from these
             self.order = None

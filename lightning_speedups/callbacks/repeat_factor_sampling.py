@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +16,7 @@ from lightning_speedups.samplers import (
     build_train_sampler,
     check_plan_in_use,
     require_speedup_datamodule,
+    weak_ref,
 )
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ class RepeatFactorSampling(SpeedupCallback):
         again = self.factors is not None and np.array_equal(self.factors, table.sample_factors)
         self._class_ids, self._class_factors = table.class_ids, table.class_factors
         self.factors = factors = table.sample_factors
-        self._factors_of = _weak(dataset)
+        self._factors_of = weak_ref(dataset)
         self.epoch_length = fs.epoch_length(factors)
         # the same factors for another dataset object (a fresh wrapper per call) were said already
         if not again and self._class_factors.size == 0:
@@ -249,12 +249,3 @@ class RepeatFactorSampling(SpeedupCallback):
         super().load_state_dict(state_dict)
         self._restored_length = state_dict.get("epoch_length")
         self._check_restored_length()
-
-
-def _weak(obj: Any) -> Callable[[], Any]:
-    """A weak reference to ``obj`` (not kept alive by the callback); a strong one for an object that takes no weak
-    reference (a plain list as the dataset)."""
-    try:
-        return weakref.ref(obj)
-    except TypeError:
-        return lambda: obj
