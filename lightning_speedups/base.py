@@ -19,6 +19,7 @@ import inspect
 import math
 import re
 import reprlib
+import types
 import warnings
 import zlib
 from collections.abc import Mapping
@@ -480,13 +481,14 @@ class SpeedupCallback(Callback):
         return f"{type(self).__name__}({', '.join(parts)})"
 
     def _differing_settings(self, other: SpeedupCallback) -> dict[str, tuple[Any, Any]]:
-        """``{argument: (this one's value, other's)}`` for the ``__init__`` arguments (as ``repr`` reads them) in
-        which this callback differs from ``other``, a callback of the same class."""
+        """``{argument: (this one's value, other's)}`` for this callback's ``__init__`` arguments (as ``repr``
+        reads them) in which ``other``, of this class or a subclass, differs. Arrays and tensors compare by value;
+        objects that compare by identity only (a scorer instance) cannot be told apart, and are left out."""
         mine, theirs = self._repr_values(), other._repr_values()
         return {
             name: (mine[name], theirs[name])
             for name in self._init_parameters()
-            if name in mine and name in theirs and not _is_default(mine[name], theirs[name])
+            if name in mine and name in theirs and not _same_setting(mine[name], theirs[name])
         }
 
     def _init_parameters(self) -> dict[str, inspect.Parameter]:
@@ -666,6 +668,21 @@ def _is_default(value: Any, default: Any) -> bool:
         return type(value) is type(default) and bool(value == default)
     except Exception:  # arrays and tensors compare element-wise; an odd `__eq__` may raise anything
         return False
+
+
+def _same_setting(a: Any, b: Any) -> bool:
+    """Whether two values of a callback setting are the same, as far as can be told."""
+    if _is_default(a, b):
+        return True
+    if isinstance(a, np.ndarray | torch.Tensor) or isinstance(b, np.ndarray | torch.Tensor):
+        try:
+            x, y = (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v) for v in (a, b))
+            return x.shape == y.shape and bool(np.array_equal(x, y))
+        except Exception:  # not comparable as arrays: not the same
+            return False
+    functions = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, type)
+    # two instances of a class without `__eq__` (two `LossScore()`): equal or not, nothing tells
+    return type(a) is type(b) and type(a).__eq__ is object.__eq__ and not isinstance(a, functions)
 
 
 def _short_repr(value: Any) -> str:

@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=(
             "a callback, e.g. MixUp:alpha=0.4, or your own as package.module:Class[:k=v,...] (repeatable): alone, "
             "the recipe instead of a preset; with --preset, added to it (one of a class the preset has changes the "
-            "arguments it gives of that one)"
+            "arguments it gives of that one; of a function preset, replaces it)"
         ),
     )
     cmp.add_argument("--model", help="your LightningModule class, as package.module:Class")

@@ -531,8 +531,8 @@ def _run(
         if (not cfg.callbacks or cfg.preset not in (None, BASELINE)) and arm not in (BASELINE, BUDGET):  # a preset's
             notes += (
                 " If a callback of the preset does not suit your model, change its arguments with "
-                "`--callback Name:arg=value` (those given change, the preset's others stay), or list your own with "
-                "--callback alone "
+                "`--callback Name:arg=value` (those given change, a declarative preset's others stay), or list your "
+                "own with --callback alone "
                 f"(`lightning-speedups presets {cfg.preset or DEFAULT_PRESET}` shows the preset's)."
             )
         raise CompareError(

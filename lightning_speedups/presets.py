@@ -173,19 +173,33 @@ def _say_replaced(name: str, preset_callback: Callback, mine: Callback) -> None:
 
     what = f"Preset {name!r}: your {type(mine).__name__} replaces the preset's {type(preset_callback).__name__}"
     differ = {}
-    if isinstance(mine, SpeedupCallback) and isinstance(preset_callback, type(mine)):
-        differ = mine._differing_settings(preset_callback)
+    if isinstance(preset_callback, SpeedupCallback) and isinstance(mine, type(preset_callback)):
+        differ = preset_callback._differing_settings(mine)  # over the preset's class's arguments (a subclass too)
     if not differ:
         rank_zero_info(f"{what}.")
         return
-    listed = ", ".join(f"{k}={_short_repr(a)} (the preset's: {_short_repr(b)})" for k, (a, b) in differ.items())
-    cls = type(mine).__name__
+    listed = ", ".join(f"{k}={_short_repr(b)} (the preset's: {_short_repr(a)})" for k, (a, b) in differ.items())
     rank_zero_warn(
         f"{what}, with other arguments: {listed}. A replacement is used as given, every argument it leaves out at "
         f"its class's default: give those you meant to keep as the preset has them (`lightning-speedups presets "
-        f"{name}` lists them), or change only some in Python: presets.get({name!r}, {cls}={{...}}).",
+        f"{name}` lists them){_python_override_hint(name, type(preset_callback))}.",
         category=SpeedupWarning,
     )
+
+
+def _python_override_hint(name: str, cls: type) -> str:
+    """How to change only some arguments of preset ``name``'s callback of class ``cls`` in Python, where its
+    preset is declarative (a function preset takes its function's own arguments instead)."""
+    preset = _REGISTRY.get(name)
+    for spec_name, _ in preset.callbacks if preset is not None else ():
+        try:
+            if resolve_callback_class(spec_name) is not cls:
+                continue
+        except ValueError:
+            continue
+        key = f"{spec_name}={{...}}" if spec_name.isidentifier() else f"**{{{spec_name!r}: {{...}}}}"
+        return f", or change only some in Python: presets.get({name!r}, {key})"
+    return ""
 
 
 def _replace_by_users(name: str, preset_callbacks: Sequence[Callback], users: Sequence[Callback]) -> list[Callback]:

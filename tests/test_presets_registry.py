@@ -407,6 +407,39 @@ def test_a_users_callback_of_a_presets_class_replaces_the_presets(infos):
     assert infos == ["Preset 'vision-medium': your LabelSmoothing replaces the preset's LabelSmoothing."]
 
 
+def test_replacement_warnings_compare_by_value_cover_subclasses_and_give_a_fix_that_works(registry, infos):
+    from lightning_speedups import CurriculumOrdering, LossScore
+
+    @register_preset("by-function")
+    def by_function(difficulty=None):
+        values = np.arange(5.0) if difficulty is None else difficulty
+        return [CurriculumOrdering("linear", difficulty=values), MixUp(alpha=0.3, p=0.5)]
+
+    recipe = presets.get("by-function", accelerator="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # equal arrays, and a scorer object that cannot be compared: no warning
+        recipe.with_callbacks([CurriculumOrdering("linear", difficulty=np.arange(5.0))])
+        with_scorer = presets.get("by-function", difficulty=LossScore())
+        with_scorer.with_callbacks([CurriculumOrdering("linear", difficulty=LossScore())])
+    assert len(infos) == 2
+
+    # a subclass is compared over the preset's class's arguments (p left at 1.0 ran every batch, unsaid); a function
+    # preset takes no `MixUp={...}`: no such fix offered
+    class MyMixUp(MixUp):
+        pass
+
+    with pytest.warns(SpeedupWarning) as record:
+        recipe.with_callbacks([MyMixUp(alpha=0.3)])
+    (message,) = [str(w.message) for w in record]
+    assert "with other arguments: p=1.0 (the preset's: 0.5)." in message and "presets.get(" not in message
+    # a declarative preset's spec by import path: the override's key is that path
+    presets.register(declarative("by-path", "s", "d", [("lightning_speedups.MixUp", {"p": 0.5})]))
+    with pytest.warns(
+        SpeedupWarning, match=r"presets\.get\('by-path', \*\*\{'lightning_speedups\.MixUp': \{\.\.\.\}\}\)"
+    ):
+        presets.get("by-path").with_callbacks([MixUp()])
+
+
 def test_a_replacement_that_leaves_out_the_presets_arguments_says_which(infos):
     # from the command line a replacement is built from its class's defaults: a LinearScalingWarmup given only a
     # new length had reference 256 (a quarter of the user's learning rate at batch 64), with an info line only
