@@ -522,7 +522,11 @@ def _run(
                 raise KeyboardInterrupt from None
             raise
     except MissingMetricError as err:
-        raise CompareError(f"the {arm!r} run: {err}") from err
+        # e.g. the shortened baseline, ended before the first epoch in which the model logs the metric
+        raise CompareError(
+            f"the {arm!r} run ({trainer.global_step} steps, to epoch {trainer.current_epoch}): {err} compare needs "
+            "it at every validation (a model that logs it in some epochs only may miss it in a short run)."
+        ) from err
     except (ValueError, TypeError, ImportError, RuntimeError, MisconfigurationException) as err:
         # a setting that does not fit the user's model, data or machine (our callbacks and Lightning raise these
         # up front, at construction or fit start), or a recipe the model cannot take (a fixed input size under
@@ -863,6 +867,15 @@ def format_report(report: Report) -> str:
             "target set by its final metric says little about speed. Check the model and its learning rate, "
             "train longer (--max-epochs), or set --target.",
         ]
+    stale = [r for r in report.runs if r.history and r.history[-1].step < r.steps]
+    if stale:
+        where = "; ".join(f"{r.arm} (repeat {r.repeat}): step {r.history[-1].step} of {r.steps}" for r in stale)
+        lines += [
+            "",
+            f"**Not measured at the end**: {len(stale)} run(s) did not log {cfg['metric']} at their last validation, "
+            f"so their final metric, wall and CPU time are read at their last validation that did ({where}); their "
+            "FLOPs and steps are the whole run's. Log the metric at every validation.",
+        ]
     recipe, budget = report.summary(report.recipe), report.summary(BUDGET)
     if recipe is not None and budget is None and cfg.get("budget_baseline", True):
         lines += [
@@ -950,13 +963,15 @@ def plot_report(report: Report, path: Path) -> bool:
     best: dict[str, float] = {}
     for r in report.runs:
         best[r.arm] = max([best.get(r.arm, -math.inf), *(c.metric for c in r.history)])
+    labelled: set[str] = set()  # each arm once, by its first run (an arm need not run in every repeat)
     for run in report.runs:
         xs_wall = [c.wall for c in run.history]
         xs_flops = [c.flops / 1e9 for c in run.history]
         ys = [c.metric for c in run.history]
         # the y-range zooms on the target: an arm that never comes near it is said to be below, not left unseen
         below = f" (below the plotted range; best {best[run.arm]:.4f})" if best[run.arm] < low else ""
-        label = run.arm + below if run.repeat == 0 else None
+        label = None if run.arm in labelled else run.arm + below
+        labelled.add(run.arm)
         axes[0].plot(xs_wall, ys, marker=".", color=colours.get(run.arm), label=label, alpha=0.8)
         axes[1].plot(xs_flops, ys, marker=".", color=colours.get(run.arm), label=label, alpha=0.8)
     for ax, xlabel in zip(axes, ["wall time (s)", "training GFLOP"], strict=True):

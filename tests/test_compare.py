@@ -228,7 +228,8 @@ def test_a_model_that_does_not_log_the_metric(capsys, tmp_path):
     code = main(["compare", "--callback", "MixUp", *TINY, "--metric", "val_top1", "--output", str(tmp_path / "o")])
     assert code == 2
     err = capsys.readouterr().err
-    assert "'val_top1' was not logged" in err and re.search(r"the '(baseline|callbacks: MixUp)' run", err)
+    assert "'val_top1' was not logged" in err and re.search(r"the '(baseline|callbacks: MixUp)' run \(\d+ steps", err)
+    assert "compare needs it at every validation" in err  # where a short run missed a metric logged in some epochs
 
 
 def test_a_module_in_the_current_folder_is_found(tmp_path, monkeypatch):
@@ -680,6 +681,30 @@ def test_an_arm_below_the_zoomed_plot_range_is_named_so_in_the_legend(tmp_path, 
     assert plot_report(report, tmp_path / "a.png")
     labels = [t.get_text() for t in legends[0].get_texts()]
     assert labels == ["baseline", "recipe", "baseline @ 1 steps (below the plotted range; best 0.2000)"]
+    # an arm that ran in a later repeat only is in the legend too (only repeat 0's runs were labelled)
+    legends.clear()
+    runs[2] = RunResult("baseline @ 1 steps", 1, history(0.93, 0.95), 1e9, 1)
+    assert plot_report(
+        Report(config={"metric": "val_acc"}, recipe="recipe", target=0.95, summaries=[], runs=runs), tmp_path / "b.png"
+    )
+    assert [t.get_text() for t in legends[0].get_texts()] == ["baseline", "recipe", "baseline @ 1 steps"]
+
+
+def test_a_run_whose_last_validation_did_not_log_the_metric_is_said_in_the_report():
+    # a model logging the metric in some epochs only: the shortened baseline's final accuracy was read 7 steps
+    # before its budget ended, beside the FLOPs and steps of the whole run, without a word
+    from lightning_speedups.compare import CompareConfig, Report, RunResult, _summarise, format_report
+    from lightning_speedups.meter import Checkpoint
+
+    def history(*steps):
+        return [Checkpoint(step=s, epoch=i, wall=s, cpu=s, flops=1e9 * s, metric=0.5) for i, s in enumerate(steps)]
+
+    config = asdict(CompareConfig(repeats=1, output=None))
+    runs = [RunResult("baseline", 0, history(23, 46), 46e9, 46), RunResult("recipe", 0, history(23), 30e9, 30)]
+    summaries = [_summarise(arm, [r for r in runs if r.arm == arm], 0.5) for arm in ("baseline", "recipe")]
+    text = format_report(Report(config=config, recipe="recipe", target=0.5, summaries=summaries, runs=runs))
+    assert "**Not measured at the end**: 1 run(s) did not log val_acc at their last validation" in text
+    assert "(recipe (repeat 0): step 23 of 30)" in text and "baseline (repeat 0)" not in text
 
 
 def test_a_preset_that_does_not_suit_the_model_points_to_choosing_callbacks(tmp_path, monkeypatch, capsys):
