@@ -234,10 +234,18 @@ def test_a_scorer_scores_a_training_set_of_another_size_at_a_reload():
     assert {i for b in model.seen[5:] for i in b} <= set(range(5))  # ceil(0.1 x 48) easiest of the new set
 
 
-def test_a_run_resumed_after_a_reload_that_rescored_keeps_the_checkpoints_scores(tmp_path):
+@pytest.mark.parametrize("estimates", [False, True], ids=["plain", "estimated_stepping_batches"])
+def test_a_run_resumed_after_a_reload_that_rescored_keeps_the_checkpoints_scores(tmp_path, estimates):
     # At fit start the datamodule still gave the first (40-sample) set, so the saved 48 scores were thrown away and
-    # the set scored again with the resumed model: other scores, another order, other draws than the uninterrupted run
+    # the set scored again with the resumed model: other scores, another order, other draws than the uninterrupted run.
+    # `estimated_stepping_batches` builds a loader before the loops are restored: it too saw the first set.
     from torch.utils.data import TensorDataset
+
+    class Model(IndexModel):
+        def configure_optimizers(self):
+            if estimates:
+                assert self.trainer.estimated_stepping_batches > 0
+            return super().configure_optimizers()
 
     class Grows(IndexDM):
         def get_train_dataset(self):
@@ -249,7 +257,7 @@ def test_a_run_resumed_after_a_reload_that_rescored_keeps_the_checkpoints_scores
 
     def run(ckpt_path=None, save=False):
         seed_everything(0)
-        model, cur = IndexModel(40), CurriculumOrdering("linear", start_fraction=0.2, difficulty=LossScore())
+        model, cur = Model(40), CurriculumOrdering("linear", start_fraction=0.2, difficulty=LossScore())
         every = ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, save_on_train_epoch_end=True)
         t = trainer(
             max_epochs=3,
@@ -257,15 +265,44 @@ def test_a_run_resumed_after_a_reload_that_rescored_keeps_the_checkpoints_scores
             reload_dataloaders_every_n_epochs=1,
             enable_checkpointing=save,
         )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SpeedupWarning)  # the reload's re-scoring, said in the test above
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             t.fit(model, datamodule=Grows(40), ckpt_path=ckpt_path)
-        return model, cur
+        return model, cur, [str(w.message) for w in caught if w.category is SpeedupWarning]
 
-    full, full_cur = run(save=True)
-    resumed, cur = run(ckpt_path=next(tmp_path.glob("epoch=1*.ckpt")))
+    full, full_cur, _ = run(save=True)
+    resumed, cur, said = run(ckpt_path=next(tmp_path.glob("epoch=1*.ckpt")))
     assert len(cur.scores) == 48 and np.array_equal(cur.scores, full_cur.scores)
     assert resumed.seen == full.seen[-len(resumed.seen) :] and len(resumed.seen) == 6
+    # neither scored again nor a pacing warning (the trainer counts 3 x 6 steps; the run had 5 + 6 + 6)
+    assert said == []
+
+
+def test_difficulty_given_anew_or_a_dataset_grown_in_place_is_read_again_at_a_reload():
+    # Values given to the callback were reused while the dataset object stayed: a new `difficulty` set between
+    # epochs was ignored, and a dataset grown in place failed on the kept 40 task ids
+    class Reassign(Callback):
+        def on_train_epoch_end(self, trainer, pl_module):
+            cur.difficulty = np.arange(80.0)[::-1].copy()  # now the high indices are easiest
+
+    cur = CurriculumOrdering("fixed_exponential", start_fraction=0.1, step_length=10**6, difficulty=np.arange(80.0))
+    model, _ = fit([cur, Reassign()], max_epochs=2, reload_dataloaders_every_n_epochs=1)
+    assert {i for b in model.seen[:10] for i in b} <= set(range(8))
+    assert {i for b in model.seen[10:] for i in b} <= set(range(72, 80))
+
+    class GrowsInPlace(IndexDM):
+        def train_dataloader(self):
+            if self.trainer.current_epoch >= 1 and len(self.train_dataset) == 40:
+                x, y = self.train_dataset.tensors
+                self.train_dataset.tensors = (torch.cat([x, x[:8] + 40]), torch.cat([y, y[:8]]))
+                self.train_difficulty = np.arange(48.0)
+            return super().train_dataloader()
+
+    cur = CurriculumOrdering(
+        "fixed_exponential", start_fraction=0.1, step_length=10**6, tasks=lambda ds: np.zeros(len(ds))
+    )
+    fit([cur], n=40, max_epochs=2, dm=GrowsInPlace(40), reload_dataloaders_every_n_epochs=1)
+    assert len(cur.order) == 48
 
 
 class BatchOfEightThenFour(IndexDM):

@@ -302,11 +302,18 @@ class CurriculumOrdering(SpeedupCallback):
         if size == 0:
             raise ValueError(f"{self._who}: the training dataset is empty.")
         kept = self._order_inputs
+        # reused only for the same dataset object, of the same size, with the same objects given to the callback
+        # (a `difficulty` or `tasks` set anew is read; an array changed in place is not seen)
         of = self.__dict__.get("_order_of")
-        same_set = kept is not None and of is not None and of() is dataset
+        same = (
+            kept is not None
+            and of is not None
+            and of() is dataset
+            and self.__dict__.get("_order_from_given") == (size, id(self.difficulty), id(self.tasks))
+        )
         given = self.difficulty is not None and not self.uses_scorer
-        difficulty = kept[0] if same_set and given else self._difficulty_array(datamodule, size)  # type: ignore[index]
-        tasks = kept[1] if same_set and self.tasks is not None else self._task_array(datamodule, dataset, size)  # type: ignore[index]
+        difficulty = kept[0] if same and given else self._difficulty_array(datamodule, size)  # type: ignore[index]
+        tasks = kept[1] if same and self.tasks is not None else self._task_array(datamodule, dataset, size)  # type: ignore[index]
         return difficulty, tasks
 
     def _order_from(
@@ -341,8 +348,13 @@ class CurriculumOrdering(SpeedupCallback):
         except ValueError as err:
             raise ValueError(f"{self._who}: {err}") from err
         self.order, self._order_seed, self._order_inputs = order, seed, (difficulty, tasks)
-        self._order_of = weak_ref(dataset)
+        self._remember_dataset(dataset)
         return order
+
+    def _remember_dataset(self, dataset: Dataset) -> None:
+        """The dataset and the given objects the order's values were read for (see ``_order_values``)."""
+        self._order_of = weak_ref(dataset)
+        self._order_from_given = (len(dataset), id(self.difficulty), id(self.tasks))  # type: ignore[arg-type]
 
     def _scorer_note(self, scorer: Any, batch: Any) -> str:
         """What a scorer that raised was given, and for ``LossScore`` where it read the input and target."""
@@ -424,6 +436,15 @@ class CurriculumOrdering(SpeedupCallback):
         seed = self._given_seed if self._given_seed is not None else seed
         size = len(dataset)  # type: ignore[arg-type]
         if self.uses_scorer and self.scores is not None and len(self.scores) != size:
+            if self.__dict__.get("_scores_restored") and trainer_reloads(datamodule):
+                # A resumed run builds a loader before Lightning restores its loops (`estimated_stepping_batches`
+                # in `configure_optimizers`), which still sees the fit's first training set; the restored scores are
+                # of the set a reload gave, and the loader is built again for the resumed epoch. This one serves
+                # its length only: an unpaced order, the scores kept (`on_train_start` checks it is not trained on).
+                unpaced = fs.Pacing("fixed_exponential", start=1.0)
+                plan.add_curriculum(np.arange(size), unpaced, seed=seed, source=self._who)
+                self._plan = self._provisional_plan = plan
+                return
             # a reloaded loader with a training set of another size: the fit start's scores are of other samples
             self.warn(
                 f"the training set has {size} samples at this loader reload, the difficulty was scored on "
@@ -435,7 +456,7 @@ class CurriculumOrdering(SpeedupCallback):
         if self.order is None or self._order_seed != seed or not _same_values(values, self._order_inputs):
             self._order_from(*values, datamodule, dataset, seed)
         else:
-            self._order_of = weak_ref(dataset)
+            self._remember_dataset(dataset)
         assert self.order is not None
         plan.add_curriculum(self.order, self.pacing, seed=seed, source=self._who)
         self._plan = plan
@@ -463,6 +484,7 @@ class CurriculumOrdering(SpeedupCallback):
         datamodule = require_speedup_datamodule(trainer, self._who)
         # A new fit scores the model it starts from; a resumed one gets its saved scores back after setup.
         self.order, self.scores, self._order_inputs, self._scores_restored = None, None, None, False
+        self._provisional_plan = None
         self.restored_clock_anchor = None  # likewise a resumed run's pacing anchor
         dataset = datamodule.indexed_train_dataset(self._who)
         if not self.uses_scorer:  # bad scores fail here, before training; a scorer runs at fit start
@@ -479,9 +501,11 @@ class CurriculumOrdering(SpeedupCallback):
             return
         datamodule = require_speedup_datamodule(trainer, self._who)
         # The model is set up and on its device; a resumed run restored its scores before this hook, and keeps
-        # them: they may be of a training set a reload gave (Lightning restores the epoch after this hook, so the
-        # datamodule may still give the first one here); the loader built for the resumed epoch checks their size.
-        restored, self._scores_restored = self.__dict__.get("_scores_restored", False), False
+        # them where loaders reload: they may be of a training set a reload gave (Lightning restores the epoch after
+        # this hook, so the datamodule may still give the first one here); the loader built for the resumed epoch
+        # checks their size.
+        restored = self.__dict__.get("_scores_restored", False) and trainer_reloads(datamodule)
+        self._scores_restored = False
         dataset = datamodule.get_train_dataset()
         if self.scores is None or (not restored and len(self.scores) != len(dataset)):  # type: ignore[arg-type]
             self.scores = self.score(trainer, pl_module, datamodule)
@@ -491,6 +515,12 @@ class CurriculumOrdering(SpeedupCallback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         plan = check_plan_in_use(trainer, self._who)
+        if plan is self.__dict__.get("_provisional_plan"):  # not expected: Lightning builds the resumed epoch's loader
+            raise RuntimeError(
+                f"{self._who}: the training loader was built before the run's checkpoint was restored and not "
+                "built again, so it has no curriculum order. Please report this, with the Trainer's settings."
+            )
+        self._provisional_plan = None
         clock = plan.clock
         if clock is None:
             return
@@ -498,6 +528,7 @@ class CurriculumOrdering(SpeedupCallback):
         total = cap_by_max_steps(trainer, run_length(trainer, with_max_steps=False))
         if (math.isfinite(batches) and int(batches) != clock.batches_per_epoch) or (
             total is not None
+            and clock.anchor == (0, 0)  # else earlier epochs ran at another length, which the trainer's count misses
             and math.isfinite(total)
             and math.isfinite(clock.total_steps)
             and total != clock.total_steps
@@ -571,3 +602,9 @@ def _same_values(
         (a is None and b is None) or (a is not None and b is not None and a.shape == b.shape and np.array_equal(a, b))
         for a, b in zip(values, before, strict=True)
     )
+
+
+def trainer_reloads(datamodule: SpeedupDataModule) -> bool:
+    """Whether the fit rebuilds its training loader every few epochs (``reload_dataloaders_every_n_epochs``)."""
+    trainer = datamodule.trainer
+    return bool(trainer is not None and trainer.reload_dataloaders_every_n_epochs)
