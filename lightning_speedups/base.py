@@ -19,7 +19,6 @@ import inspect
 import math
 import re
 import reprlib
-import types
 import warnings
 import zlib
 from collections.abc import Mapping
@@ -671,18 +670,34 @@ def _is_default(value: Any, default: Any) -> bool:
 
 
 def _same_setting(a: Any, b: Any) -> bool:
-    """Whether two values of a callback setting are the same, as far as can be told."""
+    """Whether two values of a callback setting are the same, as far as can be told: arrays and tensors by value
+    (NaN equal to NaN), lists, tuples and dicts item by item, and two objects of a class that compares by identity
+    only (two ``LossScore()``) by their reprs less their addresses (two functions of other names differ)."""
     if _is_default(a, b):
         return True
     if isinstance(a, np.ndarray | torch.Tensor) or isinstance(b, np.ndarray | torch.Tensor):
         try:
-            x, y = (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v) for v in (a, b))
-            return x.shape == y.shape and bool(np.array_equal(x, y))
-        except Exception:  # not comparable as arrays: not the same
+            x, y = (torch.as_tensor(v).detach().cpu() for v in (a, b))
+            if x.shape != y.shape:
+                return False
+            common = torch.promote_types(x.dtype, y.dtype)
+            x, y = x.to(common), y.to(common)
+            same = x == y
+            if common.is_floating_point or common.is_complex:
+                same |= x.isnan() & y.isnan()
+            return bool(same.all())
+        except Exception:  # not comparable as arrays (object arrays, say): not the same
             return False
-    functions = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, type)
-    # two instances of a class without `__eq__` (two `LossScore()`): equal or not, nothing tells
-    return type(a) is type(b) and type(a).__eq__ is object.__eq__ and not isinstance(a, functions)
+    if isinstance(a, list | tuple) and type(a) is type(b):
+        return len(a) == len(b) and all(_same_setting(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_setting(a[k], b[k]) for k in a)
+    if type(a) is type(b) and type(a).__eq__ is object.__eq__:
+        return _ADDRESS.sub("", _short_repr(a)) == _ADDRESS.sub("", _short_repr(b))
+    return False
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def _short_repr(value: Any) -> str:

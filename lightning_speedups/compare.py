@@ -872,9 +872,10 @@ def format_report(report: Report) -> str:
         where = "; ".join(f"{r.arm} (repeat {r.repeat}): step {r.history[-1].step} of {r.steps}" for r in stale)
         lines += [
             "",
-            f"**Not measured at the end**: {len(stale)} run(s) did not log {cfg['metric']} at their last validation, "
-            f"so their final metric, wall and CPU time are read at their last validation that did ({where}); their "
-            "FLOPs and steps are the whole run's. Log the metric at every validation.",
+            f"**Not measured at the end**: {len(stale)} run(s) have no {cfg['metric']} at their last step (no "
+            "validation there, as with `check_val_every_n_epoch` > 1, or one that did not log it), so their final "
+            f"metric, wall and CPU time are read at their last measurement ({where}); their FLOPs and steps are "
+            "the whole run's. Validate at the end of training and log the metric at every validation.",
         ]
     recipe, budget = report.summary(report.recipe), report.summary(BUDGET)
     if recipe is not None and budget is None and cfg.get("budget_baseline", True):

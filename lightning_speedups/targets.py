@@ -423,7 +423,8 @@ class TargetTransformCallback(SpeedupCallback):
 
     def transform_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
         original = batch
-        if not self._checked_first_batch:  # in full, values too: one device sync
+        # in full, values too: one device sync; not for a callback that never acts (p=0 turns it off in a config)
+        if not self._checked_first_batch and self.p > 0.0:
             self._check_batch(batch)
             self._checked_first_batch, self._target_kinds = True, {_kind(self._read(batch)[1])}
         if self.hard_target_key is not None:

@@ -703,7 +703,7 @@ def test_a_run_whose_last_validation_did_not_log_the_metric_is_said_in_the_repor
     runs = [RunResult("baseline", 0, history(23, 46), 46e9, 46), RunResult("recipe", 0, history(23), 30e9, 30)]
     summaries = [_summarise(arm, [r for r in runs if r.arm == arm], 0.5) for arm in ("baseline", "recipe")]
     text = format_report(Report(config=config, recipe="recipe", target=0.5, summaries=summaries, runs=runs))
-    assert "**Not measured at the end**: 1 run(s) did not log val_acc at their last validation" in text
+    assert "**Not measured at the end**: 1 run(s) have no val_acc at their last step (no validation there" in text
     assert "(recipe (repeat 0): step 23 of 30)" in text and "baseline (repeat 0)" not in text
 
 

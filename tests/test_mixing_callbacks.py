@@ -320,6 +320,16 @@ def test_integer_inputs_to_mix():
         fit_expecting([cb], "must be floating point; got dtype torch.uint8", train=train)
 
 
+def test_a_callback_turned_off_with_p_0_does_not_check_batches_it_never_changes():
+    # p=0 (a config or sweep turning the technique off) still ran the first batch's checks, and stopped the run
+    x, _ = image_tensors(32)
+    logits = DataLoader(TensorDataset(x, torch.randn(32, C) * 5), batch_size=16)  # not probabilities
+    model = RecordingModule()
+    trainer(callbacks=[MixUp(p=0.0), LabelSmoothing(p=0.0)], max_epochs=1).fit(model, logits)
+    assert model.global_step == 2 and torch.equal(model.train_batches[0][1], logits.dataset.tensors[1][:16])
+    fit_expecting([MixUp(p=0.01)], r"must lie in \[0, 1\]", train=logits)  # any chance to act: checked
+
+
 def test_targets_neither_indices_nor_probabilities():
     x, _ = image_tensors(32)
     regression = DataLoader(TensorDataset(x, torch.randn(32)), batch_size=16)

@@ -440,6 +440,28 @@ def test_replacement_warnings_compare_by_value_cover_subclasses_and_give_a_fix_t
         presets.get("by-path").with_callbacks([MixUp()])
 
 
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        (np.mean, np.median, False),  # numpy's array-function dispatchers compare by identity
+        (functools.partial(max, 1), functools.partial(max, 2), False),
+        (np.add, np.multiply, False),
+        (torch.float16, torch.bfloat16, False),
+        (torch.ones(3, dtype=torch.bfloat16), torch.ones(3, dtype=torch.bfloat16), True),  # no numpy bf16
+        ([np.arange(3)], [np.arange(3)], True),
+        ({"a": np.arange(3)}, {"a": np.arange(3)}, True),
+        (np.array([np.nan, 1.0]), np.array([np.nan, 1.0]), True),
+        (np.arange(3), np.arange(4), False),
+        (torch.tensor([1.0, 2.0]), np.array([1.0, 2.5]), False),
+        (np.mean, np.mean, True),
+    ],
+)
+def test_settings_compare_by_value_where_they_can(a, b, same):
+    from lightning_speedups.base import _same_setting
+
+    assert _same_setting(a, b) is same
+
+
 def test_a_replacement_that_leaves_out_the_presets_arguments_says_which(infos):
     # from the command line a replacement is built from its class's defaults: a LinearScalingWarmup given only a
     # new length had reference 256 (a quarter of the user's learning rate at batch 64), with an info line only
