@@ -15,10 +15,12 @@ It gives a technique four things it should not reimplement:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import re
 import reprlib
+import types
 import warnings
 import zlib
 from collections.abc import Mapping
@@ -671,30 +673,63 @@ def _is_default(value: Any, default: Any) -> bool:
 
 def _same_setting(a: Any, b: Any) -> bool:
     """Whether two values of a callback setting are the same, as far as can be told: arrays and tensors by value
-    (NaN equal to NaN), lists, tuples and dicts item by item, and two objects of a class that compares by identity
-    only (two ``LossScore()``) by their reprs less their addresses (two functions of other names differ)."""
+    (NaN equal to NaN), lists, tuples, dicts and ``functools.partial`` item by item, functions and classes by
+    identity, and two instances of a class that compares by identity only (two ``LossScore()``) by their reprs
+    less their addresses."""
+    try:
+        return _same(a, b)
+    except RecursionError:  # a list that holds itself
+        return False
+
+
+def _same(a: Any, b: Any) -> bool:
     if _is_default(a, b):
         return True
     if isinstance(a, np.ndarray | torch.Tensor) or isinstance(b, np.ndarray | torch.Tensor):
-        try:
-            x, y = (torch.as_tensor(v).detach().cpu() for v in (a, b))
-            if x.shape != y.shape:
-                return False
-            common = torch.promote_types(x.dtype, y.dtype)
-            x, y = x.to(common), y.to(common)
-            same = x == y
-            if common.is_floating_point or common.is_complex:
-                same |= x.isnan() & y.isnan()
-            return bool(same.all())
-        except Exception:  # not comparable as arrays (object arrays, say): not the same
-            return False
+        return _same_array(a, b)
     if isinstance(a, list | tuple) and type(a) is type(b):
-        return len(a) == len(b) and all(_same_setting(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same_setting(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, functools.partial) and isinstance(b, functools.partial):
+        return _same(a.func, b.func) and _same(a.args, b.args) and _same(a.keywords, b.keywords)
+    if isinstance(a, type) or _is_function(a):
+        return False  # functions, methods, builtins, numpy's functions, classes: `_is_default` compared identity
     if type(a) is type(b) and type(a).__eq__ is object.__eq__:
-        return _ADDRESS.sub("", _short_repr(a)) == _ADDRESS.sub("", _short_repr(b))
+        try:
+            ra, rb = repr(a), repr(b)
+        except Exception:  # a repr that raises: nothing tells
+            return False
+        return _ADDRESS.sub("", ra) == _ADDRESS.sub("", rb)
     return False
+
+
+def _is_function(value: Any) -> bool:
+    return isinstance(value, types.FunctionType | types.MethodType | types.BuiltinFunctionType | np.ufunc) or (
+        type(value).__name__ == "_ArrayFunctionDispatcher"  # numpy's functions (np.mean)
+    )
+
+
+def _same_array(a: Any, b: Any) -> bool:
+    try:
+        x, y = (torch.as_tensor(v).detach().cpu() for v in (a, b))
+    except Exception:  # strings, objects, byte orders torch does not take: numpy's own comparison
+        try:
+            x_, y_ = np.asarray(a), np.asarray(b)
+            return x_.shape == y_.shape and bool(np.array_equal(x_, y_))
+        except Exception:
+            return False
+    try:
+        if x.shape != y.shape:
+            return False
+        common = torch.promote_types(x.dtype, y.dtype)
+        x, y = x.to(common), y.to(common)
+        same = x == y
+        if common.is_floating_point or common.is_complex:
+            same |= x.isnan() & y.isnan()
+        return bool(same.all())
+    except Exception:  # sparse or meta tensors: not the same
+        return False
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")

@@ -321,7 +321,7 @@ class TargetTransformCallback(SpeedupCallback):
                 f"callback was given num_classes={given}: give them all the number of classes the model's logits "
                 "have."
             )
-        if self.check_loss:
+        if self.check_loss and self.p > 0.0:  # p=0 turns the callback off: nothing it would change to check
             self.check_module(pl_module)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

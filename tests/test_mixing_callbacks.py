@@ -328,6 +328,10 @@ def test_a_callback_turned_off_with_p_0_does_not_check_batches_it_never_changes(
     trainer(callbacks=[MixUp(p=0.0), LabelSmoothing(p=0.0)], max_epochs=1).fit(model, logits)
     assert model.global_step == 2 and torch.equal(model.train_batches[0][1], logits.dataset.tensors[1][:16])
     fit_expecting([MixUp(p=0.01)], r"must lie in \[0, 1\]", train=logits)  # any chance to act: checked
+    # nor the loss at fit start (a model whose loss needs integer labels; one without any nn.CrossEntropyLoss)
+    nll = WithLoss(nn.NLLLoss())
+    trainer(callbacks=[MixUp(p=0.0), LabelSmoothing(p=0.0, method="loss")], max_epochs=1).fit(nll, loaders()[0])
+    assert nll.global_step > 0
 
 
 def test_targets_neither_indices_nor_probabilities():

@@ -454,6 +454,11 @@ def test_replacement_warnings_compare_by_value_cover_subclasses_and_give_a_fix_t
         (np.arange(3), np.arange(4), False),
         (torch.tensor([1.0, 2.0]), np.array([1.0, 2.5]), False),
         (np.mean, np.mean, True),
+        (lambda x: x, lambda x: x, False),  # two functions: by identity, not by their (equal) reprs
+        (functools.partial(max, *range(50)), functools.partial(max, *range(51)), False),  # long reprs
+        (functools.partial(max, *range(50)), functools.partial(max, *range(50)), True),
+        (np.array(["a", "b"]), np.array(["a", "b"]), True),  # no tensor of strings
+        (np.arange(3).astype(">i4"), np.arange(3).astype(">i4"), True),
     ],
 )
 def test_settings_compare_by_value_where_they_can(a, b, same):

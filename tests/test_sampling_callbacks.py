@@ -278,6 +278,40 @@ def test_a_run_resumed_after_a_reload_that_rescored_keeps_the_checkpoints_scores
     assert said == []
 
 
+@pytest.mark.parametrize("estimates", [False, True], ids=["plain", "estimated_stepping_batches"])
+def test_repeat_factors_resumed_after_a_reload_that_resized_the_set_do_not_warn_of_changed_labels(tmp_path, estimates):
+    # The checkpoint's epoch length (the reloaded set's) was compared with the fit's first set's: a false warning
+    class Model(IndexModel):
+        def configure_optimizers(self):
+            if estimates:
+                assert self.trainer.estimated_stepping_batches > 0
+            return super().configure_optimizers()
+
+    class Grows(IndexDM):
+        def get_train_dataset(self):
+            if self.trainer is not None and self.trainer.current_epoch >= 1:
+                if not hasattr(self, "big"):
+                    x, y = self.train_dataset.tensors
+                    self.big = type(self.train_dataset)(torch.cat([x, x[:40] + 80]), torch.cat([y, y[:40]]))
+                return self.big
+            return self.train_dataset
+
+    def run(ckpt_path=None, save=False):
+        seed_everything(0)
+        model, rfs = Model(80), RepeatFactorSampling(threshold=0.1)
+        every = ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, save_on_train_epoch_end=True)
+        callbacks = [rfs, every] if save else [rfs]
+        t = trainer(max_epochs=3, callbacks=callbacks, reload_dataloaders_every_n_epochs=1, enable_checkpointing=save)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            t.fit(model, datamodule=Grows(80), ckpt_path=ckpt_path)
+        return model, [str(w.message) for w in caught if w.category is SpeedupWarning]
+
+    full, _ = run(save=True)
+    resumed, said = run(ckpt_path=next(tmp_path.glob("epoch=1*.ckpt")))
+    assert resumed.seen == full.seen[-len(resumed.seen) :] and not [s for s in said if "checkpoint was trained" in s]
+
+
 def test_difficulty_given_anew_or_a_dataset_grown_in_place_is_read_again_at_a_reload():
     # Values given to the callback were reused while the dataset object stayed: a new `difficulty` set between
     # epochs was ignored, and a dataset grown in place failed on the kept 40 task ids
@@ -645,15 +679,15 @@ def test_resume_draws_what_the_uninterrupted_run_draws(tmp_path, saved, step):
 
 
 def test_changed_labels_warn_on_resume_and_only_then(tmp_path):
-    def run(rfs, ckpt_path=None, save=False):
+    def run(rfs, ckpt_path=None, save=False, max_epochs=1):
         callbacks = [rfs, ModelCheckpoint(dirpath=tmp_path, save_last=True)] if save else [rfs]
-        t = trainer(callbacks=callbacks, max_epochs=1, enable_checkpointing=save)
+        t = trainer(callbacks=callbacks, max_epochs=max_epochs, enable_checkpointing=save)
         t.fit(IndexModel(80), datamodule=IndexDM(80), ckpt_path=ckpt_path)
 
     run(RepeatFactorSampling(threshold=0.1), save=True)
     rfs = RepeatFactorSampling(threshold=0.1, labels=np.arange(80) % 2)  # no class is rare: epochs of 80
     with pytest.warns(SpeedupWarning, match="checkpoint was trained with epochs of 84 samples, these labels give 80"):
-        run(rfs, ckpt_path=str(tmp_path / "last.ckpt"))
+        run(rfs, ckpt_path=str(tmp_path / "last.ckpt"), max_epochs=2)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*checkpoint was trained", category=SpeedupWarning)
         run(rfs)  # a later fresh fit of the same callback has nothing to compare against

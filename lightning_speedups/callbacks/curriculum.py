@@ -309,7 +309,7 @@ class CurriculumOrdering(SpeedupCallback):
             kept is not None
             and of is not None
             and of() is dataset
-            and self.__dict__.get("_order_from_given") == (size, id(self.difficulty), id(self.tasks))
+            and _same_objects(self.__dict__.get("_order_from_given"), (size, self.difficulty, self.tasks))
         )
         given = self.difficulty is not None and not self.uses_scorer
         difficulty = kept[0] if same and given else self._difficulty_array(datamodule, size)  # type: ignore[index]
@@ -354,7 +354,8 @@ class CurriculumOrdering(SpeedupCallback):
     def _remember_dataset(self, dataset: Dataset) -> None:
         """The dataset and the given objects the order's values were read for (see ``_order_values``)."""
         self._order_of = weak_ref(dataset)
-        self._order_from_given = (len(dataset), id(self.difficulty), id(self.tasks))  # type: ignore[arg-type]
+        # the objects themselves, not their ids: an id is reused once its object is freed
+        self._order_from_given = (len(dataset), self.difficulty, self.tasks)  # type: ignore[arg-type]
 
     def _scorer_note(self, scorer: Any, batch: Any) -> str:
         """What a scorer that raised was given, and for ``LossScore`` where it read the input and target."""
@@ -435,22 +436,20 @@ class CurriculumOrdering(SpeedupCallback):
         """Add the order and the pacing to ``plan`` (how the callback composes with others)."""
         seed = self._given_seed if self._given_seed is not None else seed
         size = len(dataset)  # type: ignore[arg-type]
+        restored = self.__dict__.get("_restored_scores")
+        if self.uses_scorer and restored is not None and len(restored) == size and self.scores is not restored:
+            # the checkpoint's scores, of the training set a reload gave before it was saved: a resumed run builds
+            # the loader of its epoch after loaders that still saw the fit's first set (at fit start, or for
+            # `estimated_stepping_batches`), which were scored for themselves
+            self.scores, self.order = restored, None
         if self.uses_scorer and self.scores is not None and len(self.scores) != size:
-            if self.__dict__.get("_scores_restored") and trainer_reloads(datamodule):
-                # A resumed run builds a loader before Lightning restores its loops (`estimated_stepping_batches`
-                # in `configure_optimizers`), which still sees the fit's first training set; the restored scores are
-                # of the set a reload gave, and the loader is built again for the resumed epoch. This one serves
-                # its length only: an unpaced order, the scores kept (`on_train_start` checks it is not trained on).
-                unpaced = fs.Pacing("fixed_exponential", start=1.0)
-                plan.add_curriculum(np.arange(size), unpaced, seed=seed, source=self._who)
-                self._plan = self._provisional_plan = plan
-                return
             # a reloaded loader with a training set of another size: the fit start's scores are of other samples
-            self.warn(
-                f"the training set has {size} samples at this loader reload, the difficulty was scored on "
-                f"{len(self.scores)}: it is scored again, with the model as trained so far (not as it was at fit "
-                "start)."
-            )
+            if restored is None:  # (not said for the loaders a resumed run builds before its epoch's)
+                self.warn(
+                    f"the training set has {size} samples at this loader reload, the difficulty was scored on "
+                    f"{len(self.scores)}: it is scored again, with the model as trained so far (not as it was at "
+                    "fit start)."
+                )
             self.scores = None  # `_difficulty_array` scores the new set
         values = self._order_values(datamodule, dataset)
         if self.order is None or self._order_seed != seed or not _same_values(values, self._order_inputs):
@@ -483,8 +482,7 @@ class CurriculumOrdering(SpeedupCallback):
             return
         datamodule = require_speedup_datamodule(trainer, self._who)
         # A new fit scores the model it starts from; a resumed one gets its saved scores back after setup.
-        self.order, self.scores, self._order_inputs, self._scores_restored = None, None, None, False
-        self._provisional_plan = None
+        self.order, self.scores, self._order_inputs, self._restored_scores = None, None, None, None
         self.restored_clock_anchor = None  # likewise a resumed run's pacing anchor
         dataset = datamodule.indexed_train_dataset(self._who)
         if not self.uses_scorer:  # bad scores fail here, before training; a scorer runs at fit start
@@ -500,27 +498,18 @@ class CurriculumOrdering(SpeedupCallback):
         if not self.uses_scorer:
             return
         datamodule = require_speedup_datamodule(trainer, self._who)
-        # The model is set up and on its device; a resumed run restored its scores before this hook, and keeps
-        # them where loaders reload: they may be of a training set a reload gave (Lightning restores the epoch after
-        # this hook, so the datamodule may still give the first one here); the loader built for the resumed epoch
-        # checks their size.
-        restored = self.__dict__.get("_scores_restored", False) and trainer_reloads(datamodule)
-        self._scores_restored = False
+        # The model is set up and on its device; a resumed run restored its scores before this hook. They may be of
+        # a training set a reload gave, while the datamodule still gives the first one here (Lightning restores the
+        # epoch after this hook): that one is scored, and the loader of the resumed epoch takes the checkpoint's.
         dataset = datamodule.get_train_dataset()
-        if self.scores is None or (not restored and len(self.scores) != len(dataset)):  # type: ignore[arg-type]
+        if self.scores is None or len(self.scores) != len(dataset):  # type: ignore[arg-type]
             self.scores = self.score(trainer, pl_module, datamodule)
-        if len(self.scores) == len(dataset):  # type: ignore[arg-type]
-            self.compute_order(datamodule, dataset, datamodule_seed(datamodule))
+        self.compute_order(datamodule, dataset, datamodule_seed(datamodule))
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         plan = check_plan_in_use(trainer, self._who)
-        if plan is self.__dict__.get("_provisional_plan"):  # not expected: Lightning builds the resumed epoch's loader
-            raise RuntimeError(
-                f"{self._who}: the training loader was built before the run's checkpoint was restored and not "
-                "built again, so it has no curriculum order. Please report this, with the Trainer's settings."
-            )
-        self._provisional_plan = None
+        self._restored_scores = None  # the resumed epoch's loader is built: later reloads score their own sets
         clock = plan.clock
         if clock is None:
             return
@@ -585,7 +574,7 @@ class CurriculumOrdering(SpeedupCallback):
         scores = state_dict.get("scores")
         if scores is not None and self.uses_scorer:
             self.scores = np.asarray(scores.numpy() if hasattr(scores, "numpy") else scores, dtype=np.float32)
-            self._scores_restored = True
+            self._restored_scores = self.scores
             # an order worked out before this restore (strategies that restore after their setup score the fresh
             # model at fit start) came from other scores: the next loader works it out again from these
             self.order = None
@@ -604,7 +593,6 @@ def _same_values(
     )
 
 
-def trainer_reloads(datamodule: SpeedupDataModule) -> bool:
-    """Whether the fit rebuilds its training loader every few epochs (``reload_dataloaders_every_n_epochs``)."""
-    trainer = datamodule.trainer
-    return bool(trainer is not None and trainer.reload_dataloaders_every_n_epochs)
+def _same_objects(before: tuple[int, Any, Any] | None, now: tuple[int, Any, Any]) -> bool:
+    """Whether ``(size, difficulty, tasks)`` are the size and the very objects given ``before``."""
+    return before is not None and before[0] == now[0] and before[1] is now[1] and before[2] is now[2]

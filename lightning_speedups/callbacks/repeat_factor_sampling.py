@@ -150,7 +150,6 @@ class RepeatFactorSampling(SpeedupCallback):
                 f"no class is in fewer than {self.threshold:g} of the samples, so every repeat factor is 1 and "
                 "this is a plain shuffle. Raise `threshold` to oversample the rarer classes."
             )
-        self._check_restored_length()
         return factors
 
     def _check_restored_length(self) -> None:
@@ -205,10 +204,14 @@ class RepeatFactorSampling(SpeedupCallback):
         datamodule = require_speedup_datamodule(trainer, type(self).__name__)
         dataset = datamodule.indexed_train_dataset(type(self).__name__)
         self.compute_factors(datamodule, dataset)  # bad labels fail here, before training
+        self._restored_length = None  # a checkpoint's, restored after this hook
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         check_plan_in_use(trainer, type(self).__name__)
+        # here, where the loader of the resumed epoch is built: loaders built before it (for
+        # `estimated_stepping_batches`) may still see the fit's first training set, not a later reload's
+        self._check_restored_length()
 
     # ------------------------------------------------------------------ logging and state
     def knobs(self) -> dict[str, float]:
@@ -247,5 +250,4 @@ class RepeatFactorSampling(SpeedupCallback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
-        self._restored_length = state_dict.get("epoch_length")
-        self._check_restored_length()
+        self._restored_length = state_dict.get("epoch_length")  # compared at train start
