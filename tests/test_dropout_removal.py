@@ -109,6 +109,26 @@ def test_a_model_without_dropout_gets_a_warning_not_an_error():
     assert len(model.train_batches) == 2
 
 
+def test_a_rate_the_model_sets_back_in_forward_is_warned_about():
+    # "switched off 1 dropout(s)" was said, and the dropout stayed on for the whole run
+    class SetsItBack(RecordingModule):
+        def __init__(self):
+            super().__init__(record=False)
+            self.drop, self.rate = nn.Dropout(0.5), 0.5
+
+        def forward(self, x):
+            self.drop.p = self.rate  # at every call
+            return super().forward(self.drop(x))
+
+    with pytest.warns(
+        SpeedupWarning, match=r"1 dropout rate\(s\) switched off were set back by the model.*\(drop\.p\)"
+    ):
+        trainer(callbacks=[DropoutRemoval()], max_steps=2).fit(SetsItBack(), loaders("list")[0])
+    with warnings.catch_warnings():  # a model that leaves the rate alone: no such warning
+        warnings.filterwarnings("error", message=".*set back", category=SpeedupWarning)
+        trainer(callbacks=[DropoutRemoval()], max_steps=2).fit(DropoutModule(), loaders("list")[0])
+
+
 def test_a_rate_under_an_unknown_name_is_named_in_a_warning():
     class HiddenRate(RecordingModule):
         def __init__(self):

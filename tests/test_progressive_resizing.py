@@ -247,6 +247,26 @@ def test_recalibration_during_validation_only_and_restored():
     assert not cb._cache  # no batch references left after fit
 
 
+def test_recalibration_goes_on_after_full_size_until_the_statistics_forgot_the_small_sizes():
+    # It stopped at the first full-size batch, and the validations of the next ~1/momentum steps read running
+    # statistics still mostly of the smaller sizes (186% off right after the ramp, in a review's measure)
+    model = SizeRecorder()
+    model.net.bn.momentum = 0.5  # (1 - 0.5) ** 5 < 0.05: five full-size batches to forget
+    cb = ProgressiveResizing(0.5, 0.25, 0.5, validation="recalibrate", calibration_batches=2)
+    seen = []
+
+    class Record(Callback):  # after `cb` in the list: its decision for this validation is made
+        def on_validation_start(self, trainer, pl_module):
+            if not trainer.sanity_checking:  # full-size training batches since the last smaller one
+                seen.append((cb._full_batches, cb.recalibrations))
+
+    trainer(callbacks=[cb, Record()], max_epochs=4, val_check_interval=1).fit(model, *loaders("list", size=SIZE))
+    counts = [0] + [r for _, r in seen]
+    for (since, _), before, after in zip(seen, counts, counts[1:], strict=False):
+        assert after - before == (since <= 5), since
+    assert {since for since, _ in seen} >= {0, 1, 5, 6}  # recalibrated through 5 full-size batches, not at 6
+
+
 def test_a_lazy_batchnorm_layer_is_recalibrated_from_the_first_validation():
     """Its statistics exist only after the first batch, past the point where the callback looks for layers."""
     model = SizeRecorder()

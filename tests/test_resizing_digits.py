@@ -71,7 +71,8 @@ def test_crop_mode_default_recalibrates_and_validation_tracks_training():
     t = trainer(callbacks=[reference, callback], max_epochs=4, val_check_interval=0.5)
     t.fit(ImageClassifier(widths=(8, 16, 32)), DigitsDataModule(size=16))
     mid_run = [row for row in reference.rows if row["side"] < 16]  # trained on windows smaller than the image
-    assert len(mid_run) >= 4 and callback.recalibrations == len(mid_run)
+    # (and the validations at full size within ~29 steps of the ramp's end, whose statistics still hold the small)
+    assert len(mid_run) >= 4 and len(mid_run) < callback.recalibrations <= len(reference.rows)
     for row in mid_run:  # never below the model's own accuracy on its training windows (less a few points)
         assert row["logged"] >= row["train_size"] - 0.03, row
     # and well above full-size validation on the training statistics, which the remedy replaces

@@ -15,6 +15,7 @@ from lightning_speedups.functional.dropout import (
     DropoutSite,
     disable_dropout,
     find_dropout,
+    rates_set_back,
     restore_dropout,
     unhandled_dropout,
 )
@@ -80,6 +81,7 @@ class DropoutRemoval(SpeedupCallback):
         super().setup(trainer, pl_module, stage)
         if stage == "fit":
             self._removed, self._done, self._rescan, self._given_back = [], False, False, 0
+            self._verify = False
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -112,6 +114,7 @@ class DropoutRemoval(SpeedupCallback):
         if self.start > 0 and self.progress(trainer) < self.start:
             return
         self._removed, self._done, self._rescan = disable_dropout(pl_module), True, False
+        self._verify = bool(self._removed)  # after this step's forward, which may set a rate back
         if self._removed:
             when = f" (progress {self.progress(trainer):.3f})" if self.start > 0 else ""
             rank_zero_info(
@@ -119,6 +122,21 @@ class DropoutRemoval(SpeedupCallback):
             )
             if self.log_knobs and trainer.loggers:
                 self.log_now(trainer)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.__dict__.get("_verify"):
+            self._verify = False
+            back = rates_set_back(pl_module, self._removed)
+            if back:
+                names = ", ".join(f"{site.name or '(model)'}.{site.attribute}" for site in back[:5])
+                self.warn(
+                    f"{len(back)} dropout rate(s) switched off were set back by the model during the step ({names}"
+                    f"{' and more' if len(back) > 5 else ''}), so that dropout is on again: does the model's `forward` "
+                    "set them? Set a rate once (in `__init__` or `setup`), not at every step."
+                )
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_epoch_start(trainer, pl_module)

@@ -317,11 +317,12 @@ class ProgressiveResizing(SpeedupCallback):
 
     def _keep_for_calibration(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         """The images recalibration re-estimates the BatchNorm statistics from."""
-        if not self._settled:
+        if not self._settled or self._full_batches <= self._horizon():
             self._cache.append(self.fields.get_input(batch))  # a reference: the seam never mutates batches
 
     def transform_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
         if self._settled:  # full size until the end of this fit: nothing to work out per batch
+            self._full_batches += 1
             return batch
         x = self.fields.get_input(batch)
         target = self.fields.get_target(batch) if self.resize_targets else None
@@ -347,9 +348,11 @@ class ProgressiveResizing(SpeedupCallback):
         full = (int(x.shape[-2]), int(x.shape[-1]))
         if self.mode == "pipeline":
             self._size = full  # the pipeline already made it; full-size batches are loaded when needed
+            self._full_batches = self._full_batches + 1 if plan.is_full else 0  # see `_horizon`
             return batch
         size = plan.size_for(full)
         self._full, self._size = full, size
+        self._full_batches = self._full_batches + 1 if size == full else 0
         if size == full:
             return batch
         generator = self.torch_generator(trainer) if self.mode == "crop" else None
@@ -495,6 +498,7 @@ class ProgressiveResizing(SpeedupCallback):
         self._checked = False
         self._trained_bn, self._bn_modes_stale, self._warned_unreached = [], True, False
         self._settled = False
+        self._full_batches = 0  # training batches at full size since the last smaller one
         self._wrapped_loader = False
         if self.mode == "crop":
             self._check_order(trainer)
@@ -625,14 +629,16 @@ class ProgressiveResizing(SpeedupCallback):
         self._val_size = None
         if not self._recalibrates:
             return
-        if trainer.sanity_checking or trainer.state.fn != "fit" or self._plan is None or self._plan.is_full:
-            return  # trained at full size: the running statistics fit
+        if trainer.sanity_checking or trainer.state.fn != "fit" or self._plan is None:
+            return
         if not self._trained_bn:
             return  # every BatchNorm layer is frozen: their statistics do not depend on the training size
         several = trainer.world_size > 1
         # Every rank must take the same decisions: recalibrating pools statistics over the ranks (a collective).
-        # This rank's last batch may have trained at full size while another's did not (images of several sizes).
-        wanted = self.mode == "pipeline" or self._size != self._full
+        # This rank's last batches may have trained at full size while another's did not (images of several
+        # sizes). Not once the running statistics have forgotten the smaller sizes: after `_horizon` full-size
+        # batches (the statistics right after the ramp are still mostly of the smaller ones).
+        wanted = self._full_batches <= self._horizon()
         if several:
             wanted = trainer.strategy.reduce_boolean_decision(wanted, all=False)
         if not wanted:
@@ -682,6 +688,18 @@ class ProgressiveResizing(SpeedupCallback):
                 every_rank=True,  # what this rank's forward reached
             )
         self.recalibrations += 1
+
+    def _horizon(self) -> float:
+        """Full-size training batches after which BatchNorm's running statistics keep under 5% of what the
+        smaller sizes put in them (``(1 - momentum) ** n < 0.05``: 29 at PyTorch's 0.1), for the slowest trained
+        layer; never, for a cumulative average (``momentum=None``)."""
+        momenta = [bn.momentum for bn in self._trained_bn]
+        if not momenta:
+            return 0.0
+        if any(m is None or m <= 0 for m in momenta):
+            return math.inf
+        slowest = min(momenta)
+        return 0.0 if slowest >= 1 else math.ceil(math.log(0.05) / math.log(1.0 - slowest))
 
     def _check_calibration_forward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, x: Tensor) -> None:
         """Before the first step, run the calibration forward once on two images (eval mode, no gradient), so

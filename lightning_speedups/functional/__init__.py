@@ -11,6 +11,7 @@ from lightning_speedups.functional.dropout import (
     DropoutSite,
     disable_dropout,
     find_dropout,
+    rates_set_back,
     restore_dropout,
     unhandled_dropout,
 )
@@ -95,6 +96,7 @@ __all__ = [
     "pool_sizes",
     "progressive_scale",
     "ramp_resolution",
+    "rates_set_back",
     "recalibrate_batchnorm",
     "repeat_factor_epoch",
     "repeat_factor_table",

@@ -244,6 +244,18 @@ def restore_dropout(model: nn.Module, sites: list[DropoutSite]) -> None:
             setattr(module, site.attribute, value)
 
 
+def rates_set_back(model: nn.Module, sites: list[DropoutSite]) -> list[DropoutSite]:
+    """The sites :func:`disable_dropout` switched off whose rate is no longer 0 (a ``forward`` that sets
+    ``self.drop.p = self.rate`` at each call): their dropout is on again."""
+    back = []
+    for site in sites:
+        module = _site_module(model, site)
+        rate = _rate(getattr(module, site.attribute, None)) if module is not None else None
+        if rate is not None and rate > 0:
+            back.append(site)
+    return back
+
+
 def _same_place(original: Tensor, current: object) -> bool:
     return not isinstance(current, Tensor) or (original.device == current.device and original.dtype == current.dtype)
 
