@@ -263,8 +263,40 @@ def test_recalibration_goes_on_after_full_size_until_the_statistics_forgot_the_s
     trainer(callbacks=[cb, Record()], max_epochs=4, val_check_interval=1).fit(model, *loaders("list", size=SIZE))
     counts = [0] + [r for _, r in seen]
     for (since, _), before, after in zip(seen, counts, counts[1:], strict=False):
-        assert after - before == (since <= 5), since
-    assert {since for since, _ in seen} >= {0, 1, 5, 6}  # recalibrated through 5 full-size batches, not at 6
+        assert after - before == (since < 5), since
+    assert {since for since, _ in seen} >= {0, 1, 4, 5}  # 0.5 ** 5 < 0.05: recalibrated through 4, not at 5
+
+
+def test_no_recalibration_in_a_run_that_never_trains_below_full_size():
+    for cb in (
+        ProgressiveResizing(1.0, mode="crop"),  # "auto": recalibrate in crop mode
+        ProgressiveResizing(min_res=SIZE, max_res=SIZE, start_ramp=0, end_ramp=1, validation="recalibrate"),
+    ):
+        trainer(callbacks=[cb], max_epochs=2, val_check_interval=2).fit(SizeRecorder(), *loaders("list", size=SIZE))
+        assert cb.recalibrations == 0
+
+
+def test_a_run_resumed_after_the_ramp_recalibrates_where_the_uninterrupted_one_does(tmp_path):
+    def run(ckpt_path=None, save=False):
+        seed_everything(0)
+        model = SizeRecorder()
+        model.net.bn.momentum = 0.5  # recalibrated through 4 full-size batches
+        cb = ProgressiveResizing(0.5, 0.25, 0.25, validation="recalibrate", calibration_batches=2)
+        done = []
+
+        class Record(Callback):
+            def on_validation_end(self, trainer, pl_module):
+                if not trainer.sanity_checking:
+                    done.append((trainer.global_step, cb.recalibrations))
+
+        every = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)] if save else []
+        t = trainer(callbacks=[cb, Record(), *every], max_epochs=4, val_check_interval=1, enable_checkpointing=save)
+        t.fit(model, *loaders("list", size=SIZE), ckpt_path=ckpt_path)
+        return [(step, b - a) for (step, b), (_, a) in zip(done, [(0, 0), *done], strict=False)]
+
+    full = run(save=True)  # full size from step 11 (16 px: 14 rounds up), recalibrated through step 14
+    resumed = run(ckpt_path=next(tmp_path.glob("*step=12.ckpt")))  # 2 full-size batches in
+    assert [r for _, r in resumed] == [r for step, r in full if step > 12] and resumed[0][1] == 1
 
 
 def test_a_lazy_batchnorm_layer_is_recalibrated_from_the_first_validation():

@@ -255,9 +255,17 @@ def test_a_run_resumed_after_a_reload_that_rescored_keeps_the_checkpoints_scores
                 return self.big
             return self.train_dataset
 
+    scored = []
+
+    class Counted(LossScore):
+        def __call__(self, pl_module, batch):
+            scored.append(len(batch[0]))
+            return super().__call__(pl_module, batch)
+
     def run(ckpt_path=None, save=False):
         seed_everything(0)
-        model, cur = Model(40), CurriculumOrdering("linear", start_fraction=0.2, difficulty=LossScore())
+        scored.clear()
+        model, cur = Model(40), CurriculumOrdering("linear", start_fraction=0.2, difficulty=Counted())
         every = ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, save_on_train_epoch_end=True)
         t = trainer(
             max_epochs=3,
@@ -272,6 +280,8 @@ def test_a_run_resumed_after_a_reload_that_rescored_keeps_the_checkpoints_scores
 
     full, full_cur, _ = run(save=True)
     resumed, cur, said = run(ckpt_path=next(tmp_path.glob("epoch=1*.ckpt")))
+    # the first set is scored only for the loader `estimated_stepping_batches` builds before the restore
+    assert sum(scored) == (40 if estimates else 0)
     assert len(cur.scores) == 48 and np.array_equal(cur.scores, full_cur.scores)
     assert resumed.seen == full.seen[-len(resumed.seen) :] and len(resumed.seen) == 6
     # neither scored again nor a pacing warning (the trainer counts 3 x 6 steps; the run had 5 + 6 + 6)

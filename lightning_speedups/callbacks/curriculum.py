@@ -502,6 +502,9 @@ class CurriculumOrdering(SpeedupCallback):
         # a training set a reload gave, while the datamodule still gives the first one here (Lightning restores the
         # epoch after this hook): that one is scored, and the loader of the resumed epoch takes the checkpoint's.
         dataset = datamodule.get_train_dataset()
+        restored = self.__dict__.get("_restored_scores")
+        if restored is not None and len(restored) != len(dataset) and trainer.reload_dataloaders_every_n_epochs:  # type: ignore[arg-type]
+            return  # a reload's set: the loader of the resumed epoch takes them (an earlier one scores its own)
         if self.scores is None or len(self.scores) != len(dataset):  # type: ignore[arg-type]
             self.scores = self.score(trainer, pl_module, datamodule)
         self.compute_order(datamodule, dataset, datamodule_seed(datamodule))

@@ -317,7 +317,7 @@ class ProgressiveResizing(SpeedupCallback):
 
     def _keep_for_calibration(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         """The images recalibration re-estimates the BatchNorm statistics from."""
-        if not self._settled or self._full_batches <= self._horizon():
+        if not self._settled or self._full_batches < self._horizon():
             self._cache.append(self.fields.get_input(batch))  # a reference: the seam never mutates batches
 
     def transform_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
@@ -498,7 +498,8 @@ class ProgressiveResizing(SpeedupCallback):
         self._checked = False
         self._trained_bn, self._bn_modes_stale, self._warned_unreached = [], True, False
         self._settled = False
-        self._full_batches = 0  # training batches at full size since the last smaller one
+        # training batches at full size since the last smaller one; none smaller yet: "forever" (nothing to forget)
+        self._full_batches = math.inf
         self._wrapped_loader = False
         if self.mode == "crop":
             self._check_order(trainer)
@@ -638,7 +639,7 @@ class ProgressiveResizing(SpeedupCallback):
         # This rank's last batches may have trained at full size while another's did not (images of several
         # sizes). Not once the running statistics have forgotten the smaller sizes: after `_horizon` full-size
         # batches (the statistics right after the ramp are still mostly of the smaller ones).
-        wanted = self._full_batches <= self._horizon()
+        wanted = self._full_batches < self._horizon()
         if several:
             wanted = trainer.strategy.reduce_boolean_decision(wanted, all=False)
         if not wanted:
@@ -691,8 +692,8 @@ class ProgressiveResizing(SpeedupCallback):
 
     def _horizon(self) -> float:
         """Full-size training batches after which BatchNorm's running statistics keep under 5% of what the
-        smaller sizes put in them (``(1 - momentum) ** n < 0.05``: 29 at PyTorch's 0.1), for the slowest trained
-        layer; never, for a cumulative average (``momentum=None``)."""
+        smaller sizes put in them (the least ``n`` with ``(1 - momentum) ** n < 0.05``: 29 at PyTorch's 0.1),
+        for the slowest trained layer; never, for a cumulative average (``momentum=None``)."""
         momenta = [bn.momentum for bn in self._trained_bn]
         if not momenta:
             return 0.0
@@ -827,6 +828,8 @@ class ProgressiveResizing(SpeedupCallback):
             "plan": asdict(self._plan) if self._plan is not None else None,
             "size": list(self._size) if self._size is not None else None,
             "full": list(self._full) if self._full is not None else None,
+            # a resumed run recalibrates after the ramp where the uninterrupted one would
+            "full_batches": self._full_batches,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -835,3 +838,4 @@ class ProgressiveResizing(SpeedupCallback):
         self._plan = ResizePlan(**plan) if plan is not None else None
         self._size = tuple(state_dict["size"]) if state_dict.get("size") else None  # type: ignore[assignment]
         self._full = tuple(state_dict["full"]) if state_dict.get("full") else None  # type: ignore[assignment]
+        self._full_batches = state_dict.get("full_batches", math.inf)
