@@ -705,6 +705,25 @@ def test_steps_skipped_by_the_grad_scaler_neither_advance_nor_corrupt_the_warmup
     assert module.after_batch == pytest.approx([*sched[1:], module.sched.get_last_lr()[0]], rel=1e-9)
 
 
+def test_a_fused_optimizer_stepped_through_skipped_fp16_steps_does_not_advance_the_warmup():
+    # torch steps a fused optimizer even when the grad scaler found inf gradients (the kernel skips the update):
+    # both step hooks ran, so every skipped step advanced the ramp
+    class Fused(AmpModule):
+        def configure_optimizers(self):
+            self.opt = RecordingSGD(self.parameters(), lr=LR, fused=True)
+            self.sched = make_scheduler("cosine", self.opt, 12)
+            return {"optimizer": self.opt, "lr_scheduler": {"scheduler": self.sched, "interval": "step"}}
+
+    module = Fused()
+    cb = LinearScalingWarmup(8, warmup=4, warmup_unit="steps")
+    fit(module, [cb], max_epochs=3, plugins=[amp_plugin()])
+    assert len(module.used) == 12 and cb.updates == [10]  # stepped 12 times, 2 of them skipped in the kernel
+    sched = scheduled_lrs("cosine", 12)
+    real = [t for t in range(12) if t not in (1, 2)]
+    assert [module.used[t] for t in real] == pytest.approx([sched[t] * ramp(u, 4, 2.0) for u, t in enumerate(real)])
+    assert module.after_batch == pytest.approx([*sched[1:], module.sched.get_last_lr()[0]], rel=1e-9)
+
+
 def run_resumable(tmp_path, callbacks, ckpt_path=None, plugins=(), save_every=None):
     seed_everything(3)
     module = AmpModule(inf_steps=(1, 2) if plugins else ())

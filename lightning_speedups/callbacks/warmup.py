@@ -433,6 +433,13 @@ class LinearScalingWarmup(SpeedupCallback):
         if i is None or i not in self._pending:
             return
         share = self._pending_share.pop(i, 0.0)
+        # A fused optimizer under a grad scaler is stepped even when the scaler found inf gradients, and skips the
+        # update inside its kernel (`found_inf`, set by the scaler for this step only): no update to count either.
+        found_inf = getattr(optimizer, "found_inf", None)
+        if isinstance(found_inf, torch.Tensor) and bool(found_inf):
+            self._restore(i)
+            self._skipped.discard(i)
+            return
         # what this update used (set inside the closure, scaled or not): logged as the effective learning rates,
         # kept as they are (a tensor lr is read at logging time only: no device sync on every step)
         self._last_lrs[i] = [_snapshot(g["lr"]) for g in optimizer.param_groups]
