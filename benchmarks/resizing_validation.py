@@ -96,6 +96,15 @@ def summary(results: dict[str, list[list[float]]]) -> str:
             f"in {above_full} of them and above the model at its training size in {above_small}: it measures the "
             "full-size model with full-size statistics, which can read above the small-image model."
         )
+        after = [i for i, row in enumerate(ref) if row[1] >= 1.0 and abs(rec[i][4] - ref[i][3]) > 1e-6]
+        if after:
+            where = ", ".join(
+                f"{rec[i][4]:.1%} at step {ref[i][0]:.0f} (running statistics: {ref[i][3]:.1%})" for i in after
+            )
+            text.append(
+                "At full size it goes on until the running statistics have forgotten the smaller sizes (29 full-size "
+                f"batches at momentum 0.1): {where}."
+            )
     text.append("See the [ProgressiveResizing card](methods/progressive_resizing.md#validation-that-stays-meaningful).")
     return " ".join(text)
 
