@@ -722,6 +722,11 @@ def test_a_fused_optimizer_stepped_through_skipped_fp16_steps_does_not_advance_t
     real = [t for t in range(12) if t not in (1, 2)]
     assert [module.used[t] for t in real] == pytest.approx([sched[t] * ramp(u, 4, 2.0) for u, t in enumerate(real)])
     assert module.after_batch == pytest.approx([*sched[1:], module.sched.get_last_lr()[0]], rel=1e-9)
+    # once the warmup is done, `found_inf` is not read (on a GPU each read waits for the device): the skipped
+    # steps after it are counted as the ramp no longer depends on the count
+    cb = LinearScalingWarmup(8, warmup=1, warmup_unit="steps")
+    fit(Fused(), [cb], max_epochs=3, plugins=[amp_plugin()])
+    assert cb.updates == [12]
 
 
 def run_resumable(tmp_path, callbacks, ckpt_path=None, plugins=(), save_every=None):

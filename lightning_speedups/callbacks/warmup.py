@@ -145,6 +145,8 @@ class LinearScalingWarmup(SpeedupCallback):
         self._done: list[float] | None = None
         self._pending: dict[int, list[Any] | None] = {}
         self._pending_share: dict[int, float] = {}
+        #: optimizers whose update about to run is inside the warmup (where a skipped one must not be counted)
+        self._warming: set[int] = set()
         # the scaled learning rates set and their values then, to tell if they were changed since (another object,
         # or a tensor lr filled in place)
         self._written: dict[int, tuple[list[Any], list[Any]]] = {}
@@ -366,6 +368,8 @@ class LinearScalingWarmup(SpeedupCallback):
         factor, share = self._factor(i, plan)
         self._apply(i, factor)
         self._pending_share[i] = share
+        if hasattr(optimizer, "found_inf"):  # a fused optimizer stepped by a grad scaler: see `_post_step`
+            (self._warming.add if self._share_done(i, plan) < 1.0 else self._warming.discard)(i)
         self._last_factor = self._last_factors[i] = factor
         # while warming up, an update whose closure returns None (Lightning's skipped `training_step`) is no
         # update: in mixed precision Lightning skips the step; in 32-bit it steps with no gradients
@@ -435,7 +439,8 @@ class LinearScalingWarmup(SpeedupCallback):
         share = self._pending_share.pop(i, 0.0)
         # A fused optimizer under a grad scaler is stepped even when the scaler found inf gradients, and skips the
         # update inside its kernel (`found_inf`, set by the scaler for this step only): no update to count either.
-        found_inf = getattr(optimizer, "found_inf", None)
+        # Read during the warmup only: on a GPU it waits for the device, which the fused path otherwise avoids.
+        found_inf = getattr(optimizer, "found_inf", None) if i in self._warming else None
         if isinstance(found_inf, torch.Tensor) and bool(found_inf):
             self._restore(i)
             self._skipped.discard(i)
