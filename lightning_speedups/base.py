@@ -358,9 +358,11 @@ class SpeedupCallback(Callback):
 
     def _class_id(self) -> str:
         """The class's name in the salt: the shipped callbacks' bare names (their streams stay as they are), the
-        module too for any other class, so a user's ``MixUp`` or two packages' ``Noise`` draw independently. A
-        class of the launching script is ``__main__``'s, also in ``ddp_spawn``'s processes (where Python names
-        that module ``__mp_main__``)."""
+        module too for any other class, so a user's ``MixUp`` or two packages' ``Noise`` draw independently (in
+        one Trainer only with differing ``state_key_fields``: the state key is the bare class name, so that a
+        checkpoint of a script's class restores into the same class imported elsewhere). A class of the launching
+        script is ``__main__``'s, also in ``ddp_spawn``'s processes (where Python names that module
+        ``__mp_main__``)."""
         cls = type(self)
         if cls.__module__.startswith("lightning_speedups."):
             return cls.__qualname__
@@ -431,6 +433,7 @@ class SpeedupCallback(Callback):
         if not knobs or not trainer.loggers:
             return
         metrics = self._as_metrics(knobs)
+        self._knobs_logged = True
         step = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
@@ -562,6 +565,9 @@ class SpeedupCallback(Callback):
         self._state_key_cache = None
         self._state_key_cache = self.state_key
         self._tell_siblings_apart(trainer)
+        # set by this class's `on_train_batch_end` and `log_now`: `on_train_end` tells whether either ran
+        self.__dict__.pop("_knobs_checked", None)
+        self._knobs_logged = False
         self._loaded_progress = None  # a checkpoint's, if any, is loaded after setup
         # a new fit works its run length out again (an override of `on_train_start` without `super()` included):
         # nothing is kept from an earlier fit of this instance
@@ -641,6 +647,22 @@ class SpeedupCallback(Callback):
         # The loader may have been reloaded (reload_dataloaders_every_n_epochs) with another length.
         if trainer.reload_dataloaders_every_n_epochs:
             self._refresh_total_steps(trainer, reloaded=True)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # an override of `on_train_batch_end` that skips `super()` leaves the knobs unlogged, without a word
+        if (
+            self.log_knobs
+            and trainer.loggers
+            and trainer.log_every_n_steps
+            and trainer.global_step >= 1
+            and "_knobs_checked" not in self.__dict__
+            and self.__dict__.get("_knobs_logged") is False
+            and self.knobs()
+        ):
+            self.warn(
+                f"logged none of its knobs ({', '.join(self.knobs())}) in this fit: does an override of "
+                "`on_train_batch_end` skip `super().on_train_batch_end(...)`, which logs them?"
+            )
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int

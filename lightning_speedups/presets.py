@@ -652,11 +652,17 @@ def resolve_callback_class(name: str) -> type[Callback]:
     if "." in name:
         module_name, _, attr = name.rpartition(".")
         try:
-            cls = getattr(importlib.import_module(module_name), attr, None)
+            module = importlib.import_module(module_name)
         except ImportError as err:
             raise ValueError(f"Cannot import the callback class {name!r}: {err}") from err
+        cls = getattr(module, attr, None)
         if isinstance(cls, type) and issubclass(cls, Callback):
             return cls
+        if cls is None:  # a misspelt class: the module's callback classes nearest to it
+            known = [n for n, v in vars(module).items() if isinstance(v, type) and issubclass(v, Callback)]
+            close = difflib.get_close_matches(attr, known, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"Module {module_name!r} has no attribute {attr!r}.{hint}")
         raise ValueError(f"{name!r} is not a Lightning Callback class.")
     modules = (lightning_speedups, importlib.import_module("lightning.pytorch.callbacks"))
     for module in modules:

@@ -364,6 +364,36 @@ def test_a_knob_that_is_not_a_number_fails_at_the_first_step_not_the_first_loggi
     )
 
 
+def test_an_override_of_on_train_batch_end_without_super_is_told_its_knobs_went_unlogged():
+    class Schedule(SpeedupCallback):
+        def __init__(self, call_super):
+            super().__init__()
+            self.call_super = call_super
+
+        def knobs(self):
+            return {"weight_decay": 0.1}
+
+        def state_key_fields(self):
+            return {"call_super": self.call_super}
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if self.call_super:
+                super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    for every in (1, 50):  # a logging step first, or not
+        logger = MemoryLogger()
+        with pytest.warns(SpeedupWarning, match=r"Schedule: logged none of its knobs \(weight_decay\).*skip `super"):
+            trainer(callbacks=[Schedule(False)], max_steps=2, logger=logger, log_every_n_steps=every).fit(
+                RecordingModule(), loaders("list")[0]
+            )
+        assert not logger.history
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*logged none", category=SpeedupWarning)
+            trainer(callbacks=[Schedule(True)], max_steps=2, logger=MemoryLogger(), log_every_n_steps=every).fit(
+                RecordingModule(), loaders("list")[0]
+            )
+
+
 class BatchNormModule(RecordingModule):
     def __init__(self) -> None:
         super().__init__()

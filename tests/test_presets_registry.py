@@ -467,6 +467,16 @@ def test_settings_compare_by_value_where_they_can(a, b, same):
     assert _same_setting(a, b) is same
 
 
+def test_a_misspelt_class_of_a_module_gets_the_closest_one():
+    # it was "'lightning_speedups.MixUpp' is not a Lightning Callback class.", as if the class existed
+    with pytest.raises(
+        ValueError, match=r"Module 'lightning_speedups' has no attribute 'MixUpp'\. Did you mean 'MixUp'"
+    ):
+        presets.resolve_callback_class("lightning_speedups.MixUpp")
+    with pytest.raises(ValueError, match=r"'lightning_speedups\.presets' is not a Lightning Callback class"):
+        presets.resolve_callback_class("lightning_speedups.presets")
+
+
 def test_a_replacement_that_leaves_out_the_presets_arguments_says_which(infos):
     # from the command line a replacement is built from its class's defaults: a LinearScalingWarmup given only a
     # new length had reference 256 (a quarter of the user's learning rate at batch 64), with an info line only

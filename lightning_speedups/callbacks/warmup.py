@@ -271,6 +271,7 @@ class LinearScalingWarmup(SpeedupCallback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._unregister()
+        super().on_train_end(trainer, pl_module)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         # Lightning skips `teardown` after an exception: take the step hooks off the optimizers here, or they
