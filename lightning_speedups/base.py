@@ -567,7 +567,7 @@ class SpeedupCallback(Callback):
         self._tell_siblings_apart(trainer)
         # set by this class's `on_train_batch_end` and `log_now`: `on_train_end` tells whether either ran
         self.__dict__.pop("_knobs_checked", None)
-        self._knobs_logged = False
+        self._knobs_logged, self._first_step = False, 0
         self._loaded_progress = None  # a checkpoint's, if any, is loaded after setup
         # a new fit works its run length out again (an override of `on_train_start` without `super()` included):
         # nothing is kept from an earlier fit of this instance
@@ -626,6 +626,7 @@ class SpeedupCallback(Callback):
                 "be transformed. Call `super().setup(...)` in the override."
             )
         self._refresh_total_steps(trainer)
+        self._first_step = trainer.global_step  # a resumed run's (see `on_train_end`)
         epochs = training_epochs(trainer)
         # said at the first read of progress (a callback whose schedule never reads it has nothing to warn about)
         self._unsized_bound = (
@@ -654,7 +655,7 @@ class SpeedupCallback(Callback):
             self.log_knobs
             and trainer.loggers
             and trainer.log_every_n_steps
-            and trainer.global_step >= 1
+            and trainer.global_step > self.__dict__.get("_first_step", 0)  # a step in this fit (not a resumed end)
             and "_knobs_checked" not in self.__dict__
             and self.__dict__.get("_knobs_logged") is False
             and self.knobs()

@@ -644,6 +644,9 @@ def _check_batch_size_finder(
 
 
 # ------------------------------------------------------------------------------------- declarative presets
+_NO_ATTRIBUTE = object()
+
+
 def resolve_callback_class(name: str) -> type[Callback]:
     """A callback class by short name (ours first, then Lightning's), or any by its import path
     (``"my_package.callbacks.InputNoise"``)."""
@@ -655,10 +658,10 @@ def resolve_callback_class(name: str) -> type[Callback]:
             module = importlib.import_module(module_name)
         except ImportError as err:
             raise ValueError(f"Cannot import the callback class {name!r}: {err}") from err
-        cls = getattr(module, attr, None)
+        cls = getattr(module, attr, _NO_ATTRIBUTE)
         if isinstance(cls, type) and issubclass(cls, Callback):
             return cls
-        if cls is None:  # a misspelt class: the module's callback classes nearest to it
+        if cls is _NO_ATTRIBUTE:  # a misspelt class: the module's callback classes nearest to it
             known = [n for n, v in vars(module).items() if isinstance(v, type) and issubclass(v, Callback)]
             close = difflib.get_close_matches(attr, known, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""

@@ -394,6 +394,23 @@ def test_an_override_of_on_train_batch_end_without_super_is_told_its_knobs_went_
             )
 
 
+def test_a_resumed_run_with_nothing_left_to_train_is_not_told_its_knobs_went_unlogged(tmp_path):
+    # a checkpoint at the last batch, mid-epoch (not "done" for Lightning): the resumed fit trains no batch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lightning_speedups import MixUp
+
+    every = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    trainer(callbacks=[MixUp(), every], max_steps=4, enable_checkpointing=True).fit(
+        RecordingModule(), loaders("list")[0]
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*logged none", category=SpeedupWarning)
+        t = trainer(callbacks=[MixUp()], max_epochs=1, logger=MemoryLogger(), log_every_n_steps=1)
+        t.fit(RecordingModule(), loaders("list")[0], ckpt_path=str(next(tmp_path.glob("*step=4.ckpt"))))
+    assert t.global_step == 4
+
+
 class BatchNormModule(RecordingModule):
     def __init__(self) -> None:
         super().__init__()

@@ -174,7 +174,9 @@ class LinearScalingWarmup(SpeedupCallback):
 
     @property
     def updates(self) -> list[int]:
-        """Real (not skipped) updates taken by each optimizer so far: the warmup's clock."""
+        """Real (not skipped) updates taken by each optimizer so far: the warmup's clock. (For a fused optimizer
+        under a grad scaler, steps skipped after the warmup are counted: telling them apart needs a device sync,
+        and the ramp no longer depends on the count.)"""
         return list(self._updates or [])
 
     @property
