@@ -256,6 +256,7 @@ class ProgressiveResizing(SpeedupCallback):
         self._warned_unreached = False
         self._checked = False
         self._settled = False  # the fraction schedule reached full size for the rest of this fit
+        self._full_batches: float = math.inf  # see `setup`
         self._wrapped_loader = False
         self._warned_no_calibration = False
         self.recalibrations = 0
