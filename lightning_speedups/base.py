@@ -486,8 +486,8 @@ class SpeedupCallback(Callback):
 
     def _differing_settings(self, other: SpeedupCallback) -> dict[str, tuple[Any, Any]]:
         """``{argument: (this one's value, other's)}`` for this callback's ``__init__`` arguments (as ``repr``
-        reads them) in which ``other``, of this class or a subclass, differs. Arrays and tensors compare by value;
-        objects that compare by identity only (a scorer instance) cannot be told apart, and are left out."""
+        reads them) in which ``other``, of this class or a subclass, differs (see ``_same_setting``: objects that
+        compare by identity only, a scorer instance, compare by their reprs, which may not show every setting)."""
         mine, theirs = self._repr_values(), other._repr_values()
         return {
             name: (mine[name], theirs[name])

@@ -12,6 +12,7 @@ import torch
 from lightning_speedups import (
     LabelSmoothing,
     LinearScalingWarmup,
+    LossScore,
     MixUp,
     ProgressiveResizing,
     SpeedupWarning,
@@ -454,6 +455,8 @@ def test_replacement_warnings_compare_by_value_cover_subclasses_and_give_a_fix_t
         (np.arange(3), np.arange(4), False),
         (torch.tensor([1.0, 2.0]), np.array([1.0, 2.5]), False),
         (np.mean, np.mean, True),
+        (LossScore(), LossScore(), True),  # identity-only objects by their reprs, which show their settings
+        (LossScore(), LossScore(torch.nn.functional.nll_loss, input_key="image"), False),
         (lambda x: x, lambda x: x, False),  # two functions: by identity, not by their (equal) reprs
         (functools.partial(max, *range(50)), functools.partial(max, *range(51)), False),  # long reprs
         (functools.partial(max, *range(50)), functools.partial(max, *range(50)), True),

@@ -76,6 +76,17 @@ class LossScore:
         x, y = self.fields.get(batch)
         return self.loss(pl_module(x), y, reduction="none")
 
+    def __repr__(self) -> str:
+        """``LossScore(loss=nll_loss, input_key='image')``: the settings that differ from the defaults (so two
+        scorers compare by what they do, e.g. in a preset replacement's warning)."""
+        parts = [] if self.loss is F.cross_entropy else [f"loss={getattr(self.loss, '__qualname__', self.loss)!s}"]
+        parts += [
+            f"{k}={v!r}"
+            for k, v in (("input_key", self.fields.input_key), ("target_key", self.fields.target_key))
+            if v is not None
+        ]
+        return f"LossScore({', '.join(parts)})"
+
 
 def _describe_batch(batch: Any) -> str:
     """A batch's structure in a few words, for error messages: ``a list of (Tensor (8,) int64, ...)``."""

@@ -105,7 +105,8 @@ class ProgressiveResizing(SpeedupCallback):
     filters and its BatchNorm statistics were learned at the reduced size): without a remedy, validation
     accuracy sits far below what the model reaches at its training size, and early stopping, checkpoint
     selection and time-to-target are blind until the last part of training. Remedies, used while the
-    schedule is below full size, during ``fit`` only:
+    schedule is below full size (``"recalibrate"`` also for the first full-size batches after it, until
+    BatchNorm's running statistics have forgotten the smaller sizes: 29 at momentum 0.1), during ``fit`` only:
 
     * ``"train_size"``: validation batches are brought to the current training scale on the device (resized
       like the training batches; centre crop in crop mode) and the model is evaluated exactly as trained, so
