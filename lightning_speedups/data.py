@@ -179,7 +179,18 @@ class ResumableDataLoader(DataLoader):
             "batches": batches,
             "epoch_done": int(batches >= trainer.num_training_batches),
             "seeds": self._order_seeds(dm),  # compared on resume: the order follows them
+            **self._geometry(trainer),  # likewise: what the skipped batches held
         }
+
+    def _geometry(self, trainer: pl.Trainer | None) -> dict[str, int]:
+        """What a number of batches done means: the dataset's length, samples per batch and processes."""
+        try:
+            size = len(self.dataset)  # type: ignore[arg-type]
+        except TypeError:
+            return {}
+        per_batch = self._samples_per_batch()
+        world = int(getattr(trainer, "world_size", 1) or 1) if trainer is not None else 1
+        return {"num_samples": size, "world_size": world, **({"per_batch": per_batch} if per_batch else {})}
 
     def _epoch_in_progress(self, trainer: pl.Trainer) -> int:
         """The epoch of the pass the trainer is in: the sampler's ``epoch`` where it has one (what ``set_epoch``
@@ -210,6 +221,25 @@ class ResumableDataLoader(DataLoader):
             category=SpeedupWarning,
         )
 
+    def _warn_geometry(self, state_dict: dict[str, int], dm: SpeedupDataModule | None) -> None:
+        """A mid-epoch resume skips as many batches as were done: with another dataset length, batch size or
+        number of processes, those are not the samples the checkpoint's run trained on."""
+        now = self._geometry(dm.trainer if dm is not None else None)
+        names = {"num_samples": "samples", "per_batch": "samples per batch", "world_size": "processes"}
+        changed = [
+            f"{names[k]} {state_dict[k]} -> {now[k]}"
+            for k in names
+            if k in state_dict and k in now and int(state_dict[k]) != now[k]
+        ]
+        if changed:
+            rank_zero_warn(
+                f"The checkpoint was saved mid-epoch by a run with other training data ({', '.join(changed)}): the "
+                f"resumed epoch skips its first {state_dict['batches']} batches of this run's order, which are not "
+                "the samples that run trained on, so the rest of the epoch may repeat some and miss others. Resume "
+                "from an epoch-end checkpoint to start a clean epoch.",
+                category=SpeedupWarning,
+            )
+
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         # Called before Lightning creates the first iterator of the resumed run, and before it calls
         # set_epoch: the sampler must be put on the right epoch here, or that iterator replays a stale one.
@@ -225,6 +255,8 @@ class ResumableDataLoader(DataLoader):
         if seeds is not None and saved is not None and [int(s) for s in saved] != seeds:
             self._warn_seeds([int(s) for s in saved], seeds, dm)  # type: ignore[arg-type]
         done = bool(state_dict.get("epoch_done"))
+        if not done and state_dict.get("batches"):
+            self._warn_geometry(state_dict, dm)
         epoch = state_dict["epoch"] + 1 if done else state_dict["epoch"]
         sampler = self.order_sampler
         if hasattr(sampler, "set_epoch"):
@@ -477,6 +509,10 @@ class SpeedupDataModule(pl.LightningDataModule):
         pin = self.pin_memory
         if pin is None:
             pin = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
+            # pinned memory, persistent workers and reloaded loaders together are unstable (pytorch#91252, which
+            # Lightning warns about): the default leaves pinning out of that combination
+            reloads = self.trainer is not None and self.trainer.reload_dataloaders_every_n_epochs
+            pin = pin and not (workers > 0 and self.persistent_workers and reloads)
         kwargs: dict[str, Any] = {"num_workers": workers, "pin_memory": pin, "collate_fn": self.collate_fn}
         if workers > 0:
             kwargs["persistent_workers"] = self.persistent_workers

@@ -227,6 +227,38 @@ def test_resuming_with_another_shuffle_seed_is_warned_about(tmp_path):
         run(3, ckpt)
 
 
+def test_resuming_mid_epoch_with_other_training_data_is_warned_about(tmp_path):
+    # the resumed epoch skipped `batches x the new batch size` of a permutation of the new data, silently: with
+    # batch 16 instead of 8 it trained nothing more of epoch 0, leaving 32 samples unseen
+    def run(n=32, batch_size=8, ckpt_path=None):
+        save = ckpt_path is None
+        extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)] if save else []
+        t = trainer(max_epochs=1, callbacks=extra, enable_checkpointing=save)
+        t.fit(IndexModule(), datamodule=IndexedDM(n=n, batch_size=batch_size, seed=3), ckpt_path=ckpt_path)
+
+    run()
+    ckpt = str(tmp_path / "epoch=0-step=2.ckpt")  # 2 of 4 batches
+    with pytest.warns(SpeedupWarning, match=r"other training data \(samples per batch 8 -> 16\)"):
+        run(batch_size=16, ckpt_path=ckpt)
+    with pytest.warns(SpeedupWarning, match=r"\(samples 32 -> 40\).*skips its first 2 batches"):
+        run(n=40, ckpt_path=ckpt)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", ".*other training data", SpeedupWarning)
+        run(ckpt_path=ckpt)
+
+
+def test_pinned_memory_is_left_out_beside_persistent_workers_and_reloads():
+    from types import SimpleNamespace
+
+    from lightning.pytorch.accelerators import CUDAAccelerator
+
+    dm = IndexedDM(num_workers=2)
+    dm.setup("fit")
+    for reloads, pinned in ((0, True), (1, False)):  # Lightning: "can lead to instability" (pytorch#91252)
+        dm.trainer = SimpleNamespace(accelerator=CUDAAccelerator(), reload_dataloaders_every_n_epochs=reloads)
+        assert dm.loader_kwargs(dm.train_dataset)["pin_memory"] is pinned
+
+
 def test_metadata_defaults():
     dm = IndexedDM()
     dm.setup("fit")
