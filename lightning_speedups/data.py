@@ -224,7 +224,12 @@ class ResumableDataLoader(DataLoader):
     def _warn_geometry(self, state_dict: dict[str, int], dm: SpeedupDataModule | None) -> None:
         """A mid-epoch resume skips as many batches as were done: with another dataset length, batch size or
         number of processes, those are not the samples the checkpoint's run trained on."""
-        now = self._geometry(dm.trainer if dm is not None else None)
+        trainer = dm.trainer if dm is not None else None
+        if trainer is not None and trainer.current_epoch != state_dict["epoch"]:
+            # a loader built before Lightning restored its loops (`estimated_stepping_batches`): its data may be
+            # another epoch's (reloads), and the loader of the resumed epoch, built later, is checked then
+            return
+        now = self._geometry(trainer)
         names = {"num_samples": "samples", "per_batch": "samples per batch", "world_size": "processes"}
         changed = [
             f"{names[k]} {state_dict[k]} -> {now[k]}"

@@ -247,6 +247,32 @@ def test_resuming_mid_epoch_with_other_training_data_is_warned_about(tmp_path):
         run(ckpt_path=ckpt)
 
 
+def test_a_loader_built_before_the_restore_is_not_compared_with_another_epochs_data(tmp_path):
+    # `estimated_stepping_batches` builds a loader while the loops still say epoch 0: a training set that grows
+    # at each reload had 16 samples there, 24 in the checkpoint's epoch 1, and a good resume was warned about
+    class Grows(IndexedDM):
+        def get_train_dataset(self):
+            n = 16 + 8 * (self.trainer.current_epoch if self.trainer is not None else 0)
+            return TensorDataset(torch.arange(n).float().unsqueeze(1), torch.arange(n) % 4)
+
+    class Early(IndexModule):
+        def configure_optimizers(self):
+            assert self.trainer.estimated_stepping_batches > 0
+            return super().configure_optimizers()
+
+    def run(ckpt_path=None):
+        save = ckpt_path is None
+        extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)] if save else []
+        t = trainer(max_epochs=3, callbacks=extra, enable_checkpointing=save, reload_dataloaders_every_n_epochs=1)
+        t.fit(Early(), datamodule=Grows(batch_size=4, seed=0), ckpt_path=ckpt_path)
+        return t
+
+    run()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", ".*other training data", SpeedupWarning)
+        assert run(str(next(tmp_path.glob("epoch=1-step=6*.ckpt")))).global_step == 4 + 6 + 8  # mid-epoch 1
+
+
 def test_pinned_memory_is_left_out_beside_persistent_workers_and_reloads():
     from types import SimpleNamespace
 
