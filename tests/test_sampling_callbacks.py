@@ -214,22 +214,47 @@ def test_a_reload_with_other_difficulties_reorders_even_at_the_same_length():
     assert set(second) <= set(np.flatnonzero(before[::-1] < 8).tolist())
 
 
+class GrowsAtEpoch1(IndexDM):
+    """From epoch 1 on (a loader reload), the training set plus ``extra`` samples valued ``n, n + 1, ...``."""
+
+    def __init__(self, n: int, extra: int) -> None:
+        super().__init__(n)
+        self.extra = extra
+
+    def get_train_dataset(self):
+        if self.trainer is None or self.trainer.current_epoch < 1:
+            return self.train_dataset
+        if not hasattr(self, "grown"):
+            x, y = self.train_dataset.tensors
+            self.grown = type(self.train_dataset)(
+                torch.cat([x, x[: self.extra] + self.n]), torch.cat([y, y[: self.extra]])
+            )
+        return self.grown
+
+
+class EstimatingModel(IndexModel):
+    """Reads ``estimated_stepping_batches`` in ``configure_optimizers`` when asked: a training loader built before
+    Lightning restores a resumed run's loops."""
+
+    def __init__(self, n: int, estimates: bool) -> None:
+        super().__init__(n)
+        self.estimates = estimates
+
+    def configure_optimizers(self):
+        if self.estimates:
+            assert self.trainer.estimated_stepping_batches > 0
+        return super().configure_optimizers()
+
+
 def test_a_scorer_scores_a_training_set_of_another_size_at_a_reload():
     # The fit start's 40 scores were used for a set of 48: a ValueError after the first epoch.
-    from torch.utils.data import TensorDataset
-
-    class Grows(IndexDM):
-        def get_train_dataset(self):
-            if self.trainer is not None and self.trainer.current_epoch >= 1:
-                return TensorDataset(torch.arange(48).float().unsqueeze(1), torch.zeros(48, dtype=torch.long))
-            return self.train_dataset
 
     def by_value(pl_module, batch):  # difficulty = the sample's value
         return batch[0].reshape(-1)
 
     cur = CurriculumOrdering("fixed_exponential", start_fraction=0.1, step_length=10**6, difficulty=by_value)
     with pytest.warns(SpeedupWarning, match="has 48 samples at this loader reload, the difficulty was scored on 40"):
-        model, t = fit([cur], n=40, max_epochs=2, dm=Grows(40), reload_dataloaders_every_n_epochs=1)
+        model, t = fit([cur], n=40, max_epochs=2, dm=GrowsAtEpoch1(40, 8), reload_dataloaders_every_n_epochs=1)
     assert len(cur.scores) == 48 and t.global_step == 5 + 6
     assert {i for b in model.seen[5:] for i in b} <= set(range(5))  # ceil(0.1 x 48) easiest of the new set
 
@@ -239,22 +264,6 @@ def test_a_run_resumed_after_a_reload_that_rescored_keeps_the_checkpoints_scores
     # At fit start the datamodule still gave the first (40-sample) set, so the saved 48 scores were thrown away and
     # the set scored again with the resumed model: other scores, another order, other draws than the uninterrupted run.
     # `estimated_stepping_batches` builds a loader before the loops are restored: it too saw the first set.
-    from torch.utils.data import TensorDataset
-
-    class Model(IndexModel):
-        def configure_optimizers(self):
-            if estimates:
-                assert self.trainer.estimated_stepping_batches > 0
-            return super().configure_optimizers()
-
-    class Grows(IndexDM):
-        def get_train_dataset(self):
-            if self.trainer is not None and self.trainer.current_epoch >= 1:
-                if not hasattr(self, "big"):
-                    self.big = TensorDataset(torch.arange(48).float().unsqueeze(1), torch.from_numpy(long_tail(48)))
-                return self.big
-            return self.train_dataset
-
     scored = []
 
     class Counted(LossScore):
@@ -265,7 +274,8 @@ def test_a_run_resumed_after_a_reload_that_rescored_keeps_the_checkpoints_scores
     def run(ckpt_path=None, save=False):
         seed_everything(0)
         scored.clear()
-        model, cur = Model(40), CurriculumOrdering("linear", start_fraction=0.2, difficulty=Counted())
+        model = EstimatingModel(40, estimates)
+        cur = CurriculumOrdering("linear", start_fraction=0.2, difficulty=Counted())
         every = ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, save_on_train_epoch_end=True)
         t = trainer(
             max_epochs=3,
@@ -275,7 +285,7 @@ def test_a_run_resumed_after_a_reload_that_rescored_keeps_the_checkpoints_scores
         )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            t.fit(model, datamodule=Grows(40), ckpt_path=ckpt_path)
+            t.fit(model, datamodule=GrowsAtEpoch1(40, 8), ckpt_path=ckpt_path)
         return model, cur, [str(w.message) for w in caught if w.category is SpeedupWarning]
 
     full, full_cur, _ = run(save=True)
@@ -291,30 +301,16 @@ def test_a_run_resumed_after_a_reload_that_rescored_keeps_the_checkpoints_scores
 @pytest.mark.parametrize("estimates", [False, True], ids=["plain", "estimated_stepping_batches"])
 def test_repeat_factors_resumed_after_a_reload_that_resized_the_set_do_not_warn_of_changed_labels(tmp_path, estimates):
     # The checkpoint's epoch length (the reloaded set's) was compared with the fit's first set's: a false warning
-    class Model(IndexModel):
-        def configure_optimizers(self):
-            if estimates:
-                assert self.trainer.estimated_stepping_batches > 0
-            return super().configure_optimizers()
-
-    class Grows(IndexDM):
-        def get_train_dataset(self):
-            if self.trainer is not None and self.trainer.current_epoch >= 1:
-                if not hasattr(self, "big"):
-                    x, y = self.train_dataset.tensors
-                    self.big = type(self.train_dataset)(torch.cat([x, x[:40] + 80]), torch.cat([y, y[:40]]))
-                return self.big
-            return self.train_dataset
 
     def run(ckpt_path=None, save=False):
         seed_everything(0)
-        model, rfs = Model(80), RepeatFactorSampling(threshold=0.1)
+        model, rfs = EstimatingModel(80, estimates), RepeatFactorSampling(threshold=0.1)
         every = ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, save_on_train_epoch_end=True)
         callbacks = [rfs, every] if save else [rfs]
         t = trainer(max_epochs=3, callbacks=callbacks, reload_dataloaders_every_n_epochs=1, enable_checkpointing=save)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            t.fit(model, datamodule=Grows(80), ckpt_path=ckpt_path)
+            t.fit(model, datamodule=GrowsAtEpoch1(80, 40), ckpt_path=ckpt_path)
         return model, [str(w.message) for w in caught if w.category is SpeedupWarning]
 
     full, _ = run(save=True)
