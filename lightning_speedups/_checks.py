@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from numbers import Integral, Real
 from typing import Any
 
+import numpy as np
+
 
 def is_real(value: Any) -> bool:
     """Whether ``value`` is a real number (Python or NumPy scalar), ``bool`` excluded."""
@@ -63,6 +65,16 @@ def window(start: Any, end: Any) -> tuple[float, float]:
     if e <= s:
         raise ValueError(f"`end` ({end!r}) must be greater than `start` ({start!r}).")
     return s, e
+
+
+def flag(name: str, value: Any, hint: str = "", *, optional: bool = False) -> bool | None:
+    """``value`` as a bool; a string such as ``"False"`` (from a config) is refused, not read as True."""
+    if optional and value is None:
+        return None
+    if not isinstance(value, bool | np.bool_):
+        allowed = "True, False or None" if optional else "True or False"
+        raise TypeError(f"`{name}` must be {allowed}, got {value!r}.{' ' + hint if hint else ''}")
+    return bool(value)
 
 
 def optional_int(name: str, value: Any, *, minimum: int) -> int | None:

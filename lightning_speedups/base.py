@@ -34,7 +34,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 
 from lightning_speedups import seam
-from lightning_speedups._checks import optional_int
+from lightning_speedups._checks import flag, optional_int
 from lightning_speedups._rng import BatchRandom, batch_key
 
 if TYPE_CHECKING:
@@ -238,7 +238,7 @@ class SpeedupCallback(Callback):
         super().__init__()
         self.seed = optional_int("seed", seed, minimum=0)
         self._given_seed = self.seed  # the user's choice; `seed` itself is filled in at each fit
-        self.log_knobs = bool(log_knobs)
+        self.log_knobs = flag("log_knobs", log_knobs)
         self._total_steps: float | None = None
         # (step, progress) from which the rest of the run is spread over the steps left: (0, 0) unless a loader
         # reloaded with another length, when the progress reached so far is kept (it never goes back)

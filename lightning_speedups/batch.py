@@ -35,6 +35,10 @@ class BatchFieldError(ValueError):
     """The batch does not have the input or target the callback was told to use."""
 
 
+class _NotFound(BatchFieldError):
+    """No key was given and no conventional name is in the batch (a batch may have no target)."""
+
+
 def _is_namedtuple(obj: Any) -> bool:
     return isinstance(obj, tuple) and hasattr(obj, "_fields") and hasattr(obj, "_replace")
 
@@ -109,10 +113,15 @@ class BatchFields:
         available = _available_keys(batch)
         found = [n for n in names if n in available]
         if not found:
-            raise BatchFieldError(
+            raise _NotFound(
                 f"Could not find the {which} in a batch of type {type(batch).__name__} with keys "
                 f"{sorted(map(str, available))}. Pass `{which}_key=` naming it (or {_GETTER_SETTER} for "
                 "a custom batch)."
+            )
+        if len(found) > 1:  # {"x": coordinates, "image": pixels}: taking the first would mix the wrong field
+            raise BatchFieldError(
+                f"The {type(batch).__name__} batch has several fields that could be the {which}: "
+                f"{', '.join(map(repr, found))}. Pass `{which}_key=` naming the one to use."
             )
         return found[0]
 
@@ -142,7 +151,7 @@ class BatchFields:
             return
         try:
             input_key = self._resolve(batch, "input")
-        except BatchFieldError:
+        except _NotFound:
             return  # no input found: nothing to collide with (a technique that reads only the target)
         if _same_place(batch, input_key, target_key):
             raise BatchFieldError(
@@ -163,7 +172,7 @@ class BatchFields:
             return None
         try:
             key = self._resolve(batch, "target")
-        except BatchFieldError:
+        except _NotFound:
             if self.target_key is None:
                 return None
             raise
@@ -257,7 +266,7 @@ def _write(batch: Any, updates: dict[Key, Any]) -> Any:
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
         if hasattr(type(batch), "__post_init__"):
             # its `__post_init__` may derive fields from the ones replaced (or check them): build it anew
-            return dataclasses.replace(batch, **updates)
+            return _dataclass_replace(batch, updates)
         # a shallow copy, not dataclasses.replace: that would reset `field(init=False)` values and drop
         # attributes set after construction; object.__setattr__ also writes frozen dataclasses
         try:
@@ -265,7 +274,7 @@ def _write(batch: Any, updates: dict[Key, Any]) -> Any:
             for k, v in updates.items():
                 object.__setattr__(new_dc, k, v)
         except (AttributeError, TypeError):
-            return dataclasses.replace(batch, **updates)
+            return _dataclass_replace(batch, updates)
         return new_dc
     try:
         new = copy.copy(batch)
@@ -277,3 +286,13 @@ def _write(batch: Any, updates: dict[Key, Any]) -> Any:
             f"{_GETTER_SETTER} that build a new batch."
         ) from err
     return new
+
+
+def _dataclass_replace(batch: Any, updates: dict[Key, Any]) -> Any:
+    try:
+        return dataclasses.replace(batch, **updates)
+    except ValueError as err:  # an `InitVar` without a default cannot be carried over
+        raise BatchFieldError(
+            f"Cannot rebuild the {type(batch).__name__} batch with {list(updates)} replaced ({err}). Pass "
+            f"{_GETTER_SETTER} that build a new batch."
+        ) from err

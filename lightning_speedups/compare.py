@@ -234,10 +234,14 @@ def _parse_spec(spec: str) -> tuple[type[Callback], dict[str, Any]]:
         key, eq, raw = item.partition("=")
         if not eq:
             raise CompareError(f"--callback {spec!r}: arguments look like 'name=value', got {item!r}.")
+        raw = raw.strip()
+        if raw.lower() in ("true", "false"):  # YAML's and the shell's spelling of Python's True and False
+            kwargs[key.strip()] = raw.lower() == "true"
+            continue
         try:
-            kwargs[key.strip()] = ast.literal_eval(raw.strip())
+            kwargs[key.strip()] = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
-            kwargs[key.strip()] = raw.strip()
+            kwargs[key.strip()] = raw
     problem = presets.unknown_arguments(cls, kwargs)
     if problem:  # named after the class asked for, not the base class whose __init__ would refuse it
         raise CompareError(f"--callback {spec!r}: {problem}")

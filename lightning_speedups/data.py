@@ -458,15 +458,15 @@ class SpeedupDataModule(pl.LightningDataModule):
         super().__init__()
         self.batch_size = _checks.optional_int("batch_size", batch_size, minimum=1)
         self.num_workers = _checks.optional_int("num_workers", num_workers, minimum=0)
-        self.pin_memory = pin_memory
-        self.persistent_workers = bool(persistent_workers)
-        self.drop_last = bool(drop_last)
+        self.pin_memory = _checks.flag("pin_memory", pin_memory, optional=True)
+        self.persistent_workers = _checks.flag("persistent_workers", persistent_workers)
+        self.drop_last = _checks.flag("drop_last", drop_last)
         if self.batch_size is None and self.drop_last:
             raise ValueError(
                 "`drop_last=True` needs a `batch_size`: with batch_size=None each sample is a batch of its own, so "
                 "there is no incomplete batch to drop. Set `batch_size`, or leave drop_last=False."
             )
-        self.shuffle = bool(shuffle)
+        self.shuffle = _checks.flag("shuffle", shuffle)
         self.seed = _checks.optional_int("seed", seed, minimum=0)
         self.collate_fn = collate_fn
 

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
+from lightning_speedups._checks import flag
 from lightning_speedups.functional.resizing import INTERPOLATIONS, ResizePlan, Size
 
 #: ``plan_for_batch(epoch, batch_in_epoch) -> ResizePlan``, evaluated in the main process.
@@ -258,7 +259,7 @@ class ScheduledResize:
         self.size: Size | None = (int(size[0]), int(size[1])) if size is not None else None
         self.factory = factory
         self.interpolation = interpolation
-        self.antialias = bool(antialias)
+        self.antialias = flag("antialias", antialias)
         self._built: dict[Size, Callable[[Any], Any]] = {}
         self._warned_upsampling = False  # per process: each worker has its own copy
         self._warned_joint = False

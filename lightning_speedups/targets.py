@@ -257,7 +257,7 @@ class TargetTransformCallback(SpeedupCallback):
                 f"{hard_target_key + '_hard'!r}."
             )
         self.hard_target_key = hard_target_key
-        self.check_loss = bool(check_loss)
+        self.check_loss = _checks.flag("check_loss", check_loss)
         self._checked_first_batch = False
         self._target_kinds: set[tuple[Any, ...]] = set()  # kinds of targets checked in full this fit
         self._applied = 0.0
@@ -492,7 +492,10 @@ class TargetTransformCallback(SpeedupCallback):
                 f"{who} found no target in the training batch ({type(batch).__name__}). Check {fix_target}."
             )
         if not isinstance(target, Tensor):
-            raise TypeError(f"{who} needs a tensor target, got {type(target).__name__}. Check {fix_target}.")
+            raise TypeError(
+                f"{who} needs a tensor target, got {type(target).__name__}. Check {fix_target}"
+                + _nested_hint(target, fix_target)
+            )
         if target.ndim == 0:
             raise ValueError(
                 f"{who} needs a batch of targets, got a 0-d tensor (one label). Check {fix_target}, and that the "
@@ -500,7 +503,10 @@ class TargetTransformCallback(SpeedupCallback):
             )
         if self.mixes_inputs:
             if not isinstance(x, Tensor):
-                raise TypeError(f"{who} needs a tensor input, got {type(x).__name__}. Check {fix_input}.")
+                raise TypeError(
+                    f"{who} needs a tensor input, got {type(x).__name__}. Check {fix_input}"
+                    + _nested_hint(x, fix_input)
+                )
             if not x.is_floating_point():
                 raise TypeError(
                     f"{who} mixes inputs, which must be floating point; got dtype {x.dtype}. Convert them to "
@@ -636,3 +642,13 @@ def _kind(target: Any) -> tuple[Any, ...]:
 
 def _batch_size(value: Any) -> int | None:
     return value.shape[0] if isinstance(value, Tensor) and value.ndim > 0 else None
+
+
+def _nested_hint(value: Any, fix: str) -> str:
+    """The end of a message about a field that is not a tensor: a key cannot reach into a nested container."""
+    if fix != "`batch_getter`" and isinstance(value, Mapping | list | tuple):
+        return (
+            f"; a key cannot reach into a nested {type(value).__name__}: pass `batch_getter`/`batch_setter` "
+            "that read and rebuild it."
+        )
+    return "."

@@ -9,9 +9,12 @@ from lightning.pytorch.callbacks import GradientAccumulationScheduler, ModelChec
 from torch import nn
 
 from lightning_speedups import (
+    LabelSmoothing,
     LinearScalingWarmup,
     MixUp,
     ProgressiveResizing,
+    RepeatFactorSampling,
+    ScheduledResize,
     SpeedupCallback,
     SpeedupWarning,
     training_progress,
@@ -285,6 +288,24 @@ def test_seed_is_resolved_at_fit_and_survives_state_dict():
     other = MixUp()
     other.load_state_dict(cb.state_dict())
     assert other.seed == 1234
+
+
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda v: MixUp(log_knobs=v), "log_knobs"),
+        (lambda v: LabelSmoothing(check_loss=v), "check_loss"),
+        (lambda v: ProgressiveResizing(antialias=v), "antialias"),
+        (lambda v: ProgressiveResizing(resize_targets=v), "resize_targets"),
+        (lambda v: RepeatFactorSampling(sqrt=v), "sqrt"),
+        (lambda v: ScheduledResize(antialias=v), "antialias"),
+    ],
+)
+def test_a_flag_given_as_a_string_is_refused_not_read_as_true(make, name):
+    # bool("false") is True: `antialias: "false"` from a config silently kept antialiasing
+    with pytest.raises(TypeError, match=rf"`{name}` must be True or False, got 'false'"):
+        make("false")
+    assert getattr(make(False), name) is False
 
 
 @pytest.mark.parametrize("seed", [-1, 1.5, "a"])

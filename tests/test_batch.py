@@ -198,3 +198,31 @@ def test_a_dataclass_with_post_init_is_built_anew_so_derived_fields_follow():
 
     new = BatchFields().replace(Derived(torch.zeros(2, 3, 8, 8), torch.tensor([0, 1])), input=torch.zeros(2, 3, 4, 4))
     assert new.height == 4
+
+
+def test_two_conventional_names_for_one_field_are_an_error_naming_both():
+    with pytest.raises(BatchFieldError, match=r"several fields that could be the input: 'x', 'image'.*input_key="):
+        BatchFields().get_input({"x": X, "image": X, "label": Y})
+    # a second candidate target is not "no target" (which would give None and train on the hard labels)
+    with pytest.raises(BatchFieldError, match=r"could be the target: 'label', 'labels'.*target_key="):
+        BatchFields().get_target({"image": X, "label": Y, "labels": Y})
+    both = {"x": X, "image": NEW_X, "label": Y, "labels": Y}
+    x, y = BatchFields(input_key="image", target_key="label").get(both)
+    assert x is NEW_X and y is Y
+    assert BatchFields().get_target({"image": X}) is None  # no conventional target name at all: none
+
+
+def test_a_dataclass_that_cannot_be_rebuilt_points_to_getter_and_setter():
+    from dataclasses import InitVar
+
+    @dataclass
+    class Scaled:
+        image: torch.Tensor
+        label: torch.Tensor
+        scale: InitVar[float]  # no default: dataclasses.replace cannot carry it over
+
+        def __post_init__(self, scale):
+            self.factor = scale
+
+    with pytest.raises(BatchFieldError, match=r"Cannot rebuild the Scaled batch.*InitVar 'scale'.*batch_getter"):
+        BatchFields().replace(Scaled(X, Y, 2.0), input=NEW_X)

@@ -251,6 +251,11 @@ def test_parse_callback():
     # a misspelt argument: the class asked for is named (not the base class whose __init__ refuses it)
     with pytest.raises(CompareError, match=r"MixUp has no argument 'alph' \('alph': did you mean 'alpha'"):
         parse_callback("MixUp:alph=0.4")
+    # true/false as YAML and shells spell them: read as bools (the string "false" was a truthy flag)
+    assert parse_callback("ProgressiveResizing:antialias=false").antialias is False
+    assert parse_callback("MixUp:log_knobs=True,check_loss=FALSE").check_loss is False
+    with pytest.raises(CompareError, match="`antialias` must be True or False, got 'no'"):
+        parse_callback("ProgressiveResizing:antialias=no")
 
 
 def test_presets_command(capsys):

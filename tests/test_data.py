@@ -358,6 +358,15 @@ def test_missing_dataset_and_bad_arguments():
         SpeedupDataModule(num_workers=-1)
 
 
+@pytest.mark.parametrize("name", ["shuffle", "drop_last", "persistent_workers", "pin_memory"])
+def test_a_string_flag_is_refused_not_read_as_true(name):
+    # bool("False") is True: a flag from a config string silently did the opposite
+    with pytest.raises(TypeError, match=rf"`{name}` must be True(, | or )False.*got 'False'"):
+        SpeedupDataModule(**{name: "False"})
+    assert getattr(SpeedupDataModule(**{name: np.False_}), name) is False  # a NumPy bool is a bool
+    assert SpeedupDataModule(pin_memory=None).pin_memory is None  # None: decided by the accelerator
+
+
 def test_an_iterable_dataset_is_refused_with_a_message():
     class Stream(torch.utils.data.IterableDataset):
         def __iter__(self):

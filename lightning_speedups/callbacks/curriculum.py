@@ -208,11 +208,7 @@ class CurriculumOrdering(SpeedupCallback):
             if value is not None and not callable(value) and (isinstance(value, str) or not hasattr(value, "__len__")):
                 raise TypeError(f"`{name}` must be an array of one value per sample or a callable, got {value!r}.")
         self.difficulty = difficulty
-        if not isinstance(anti_curriculum, bool | np.bool_):
-            raise TypeError(
-                f"`anti_curriculum` must be True or False, got {anti_curriculum!r}: True orders hardest first."
-            )
-        self.anti_curriculum = bool(anti_curriculum)
+        self.anti_curriculum = _checks.flag("anti_curriculum", anti_curriculum, "True orders hardest first.")
         self.tasks = tasks
         if task_order is not None and (
             isinstance(task_order, str | bytes)

@@ -213,8 +213,8 @@ class ProgressiveResizing(SpeedupCallback):
         if interpolation not in INTERPOLATIONS:
             raise ValueError(f"`interpolation` must be one of {INTERPOLATIONS}, got {interpolation!r}.")
         self.interpolation = interpolation
-        self.antialias = bool(antialias)
-        self.resize_targets = bool(resize_targets)
+        self.antialias = _checks.flag("antialias", antialias)
+        self.resize_targets = _checks.flag("resize_targets", resize_targets)
         if self.resize_targets and mode == "pipeline":
             raise ValueError(
                 "`resize_targets=True` resizes masks on the device; with mode='pipeline' your dataset's "

@@ -99,7 +99,7 @@ class RepeatFactorSampling(SpeedupCallback):
                 f"training dataset and returning them; got {type(labels).__name__}."
             )
         self.labels = labels
-        self.sqrt = bool(sqrt)
+        self.sqrt = _checks.flag("sqrt", sqrt)
         self.log_top_k = _checks.optional_int("log_top_k", log_top_k, minimum=0)
         self.factors: np.ndarray | None = None
         self.epoch_length = 0
