@@ -1,7 +1,7 @@
 """Regenerate ``docs/benchmarks.md`` and its plots (``docs/benchmarks/*.png``) with one command.
 
     PYTHONPATH=. python benchmarks/run.py                      # every section, full size
-    PYTHONPATH=. python benchmarks/run.py --quick              # smaller runs (minutes, CPU)
+    PYTHONPATH=. python benchmarks/run.py --quick              # smaller runs (minutes, CPU), to a scratch file
     PYTHONPATH=. python benchmarks/run.py --only overhead peers
 
 The document is made of sections, each a module function ``section(quick: bool, out_dir: Path) -> str``
@@ -9,6 +9,11 @@ returning Markdown (heading, command, machine, date, tables, notes on unmet goal
 ``out_dir``. Sections: ``time_to_accuracy`` (``benchmarks/time_to_accuracy.py``), ``overhead``,
 ``efficiency`` (resizing and dropout, mid-run validation, sampling), ``peers`` and ``gpu``. With ``--only``,
 the other sections are kept as they are in the existing document.
+
+``--quick`` checks that every section runs and gives rough figures: vision-mild on digits alone for time to
+accuracy, a fraction of the rounds and steps elsewhere, so its met/not-met verdicts are less sure than a full
+run's. It writes ``benchmarks/results/quick.md`` unless ``--output`` says otherwise, leaving the published
+document alone.
 
 A section reports a goal by embedding ``benchmarks.common.goal_marker(goal, figure, met)`` (an HTML comment)
 in its Markdown; the summary table at the top of the document lists every goal of every section, met or not.
@@ -33,6 +38,7 @@ if str(ROOT) not in sys.path:
 from benchmarks import common  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
+QUICK_DOC = ROOT / "benchmarks" / "results" / "quick.md"  # git-ignored: quick figures stay out of the docs
 PLOTS = ROOT / "docs" / "benchmarks"
 SECTIONS = ("time_to_accuracy", "overhead", "efficiency", "peers", "gpu")
 _BLOCK = re.compile(r"<!-- section: (\w+) -->\n(.*?)\n<!-- /section: \1 -->", re.S)
@@ -152,10 +158,18 @@ def failed_block(name: str, err: BaseException, previous: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smaller runs: minutes on a CPU")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"smaller runs (minutes on a CPU; rougher figures), written to {QUICK_DOC} by default",
+    )
     parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION", help=f"any of {SECTIONS}")
-    parser.add_argument("--output", type=Path, default=DOC, help="the Markdown file to write")
+    parser.add_argument(
+        "--output", type=Path, default=None, help=f"the Markdown file to write (default: {DOC}, or {QUICK_DOC})"
+    )
     args = parser.parse_args()
+    if args.output is None:
+        args.output = QUICK_DOC if args.quick else DOC
     out_dir = args.output.parent / args.output.stem
     out_dir.mkdir(parents=True, exist_ok=True)
     blocks = existing_sections(args.output)

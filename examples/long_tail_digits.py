@@ -92,7 +92,7 @@ def main() -> None:
     print(f"per-class validation accuracy: {np.round(accuracy * 100, 1).tolist()}")
     print(
         f"{label}: balanced accuracy {accuracy.mean():.2%}, the 3 rarest classes {accuracy[-3:].mean():.2%} "
-        f"({trainer.global_step} steps: repeats make epochs longer)"
+        f"({trainer.global_step} steps{'' if args.no_rfs else ': repeats make epochs longer than the plain shuffle'})"
     )
 
 

@@ -395,21 +395,27 @@ class SpeedupCallback(Callback):
         """A CPU ``torch.Generator`` for this batch's tensor draws (that of :meth:`batch_random`)."""
         return self.batch_random(trainer).torch
 
-    def check_single_loader(self, trainer: pl.Trainer, acts_on: str) -> None:
+    def check_single_loader(self, trainer: pl.Trainer, acts_on: str, *, getter_helps: bool = True) -> None:
         """Refuse several training dataloaders (call it at ``on_train_start``, when the fit loop has them).
 
         Their batches nest one batch per loader (``[batch_a, batch_b]`` or ``{"a": batch_a, ...}``), which no
         ``input_key``/``target_key`` describes: without this check a callback would transform the first loader's
-        batch alone, or fail at the first step with advice about keys. ``acts_on`` says what it needs.
+        batch alone, or fail at the first step with advice about keys. ``acts_on`` says what it needs;
+        ``getter_helps=False`` where a getter and setter would not make the callback work either.
         """
         loaders = trainer.train_dataloader
         if isinstance(loaders, Mapping | list | tuple):
             who = type(self).__name__
+            fix = (
+                ", or pass `batch_getter`/`batch_setter` that read and replace the input and target inside the "
+                "combined batch."
+                if getter_helps
+                else "."
+            )
             raise ValueError(
                 f"{who} acts on {acts_on}, but training uses {len(loaders)} dataloader(s) given as a "
                 f"{type(loaders).__name__} (or a CombinedLoader of them), so each batch holds one batch per loader. "
-                f"{who} does not support this: train on one dataloader (e.g. concatenate the datasets), or pass "
-                "`batch_getter`/`batch_setter` that read and replace the input and target inside the combined batch."
+                f"{who} does not support this: train on one dataloader (e.g. concatenate the datasets){fix}"
             )
 
     # ------------------------------------------------------------------ logging and warnings

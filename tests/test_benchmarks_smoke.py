@@ -82,6 +82,26 @@ def test_runner_summary_and_placeholders(tmp_path: Path):
     assert run.existing_sections_from_text(doc)["overhead"] == blocks["overhead"]
 
 
+def test_quick_mode_leaves_the_published_document_alone(tmp_path: Path, monkeypatch):
+    # rough quick-mode verdicts overwrote docs/benchmarks.md's full-run sections
+    from benchmarks import run
+
+    published, quick = tmp_path / "benchmarks.md", tmp_path / "results" / "quick.md"
+    published.write_text("full run\n", encoding="utf-8")
+    quick.parent.mkdir()
+    monkeypatch.setattr(run, "DOC", published)
+    monkeypatch.setattr(run, "QUICK_DOC", quick)
+    seen = []
+    monkeypatch.setitem(run.RUNNERS, "overhead", lambda q, out: seen.append((q, out)) or "## Overhead\n\nquick figures")
+    monkeypatch.setattr("sys.argv", ["run.py", "--quick", "--only", "overhead"])
+    assert run.main() == 0
+    assert published.read_text(encoding="utf-8") == "full run\n"
+    assert "quick figures" in quick.read_text(encoding="utf-8") and seen == [(True, tmp_path / "results" / "quick")]
+    monkeypatch.setattr("sys.argv", ["run.py", "--only", "overhead"])  # a full run writes the published one
+    assert run.main() == 0
+    assert "quick figures" in published.read_text(encoding="utf-8") and seen[-1][0] is False
+
+
 mnist1d_missing = importlib.util.find_spec("mnist1d") is None
 
 

@@ -393,6 +393,20 @@ def test_a_train_dataloader_override_fails_with_its_cause():
         )
 
 
+@pytest.mark.parametrize("getter", [False, True], ids=["keys", "getter"])
+def test_two_training_loaders_are_refused_for_what_they_are(getter):
+    # with a getter and setter (what the resize mode's message advises) the pipeline check blamed a loader
+    # "not built by SpeedupDataModule.train_dataloader()", which both were
+    class Two(PipelineData):
+        def train_dataloader(self):
+            return {"a": super().train_dataloader(), "b": super().train_dataloader()}
+
+    kwargs = {"batch_getter": lambda b: tuple(b["a"][:2]), "batch_setter": lambda b, x, y: b} if getter else {}
+    cb = ProgressiveResizing(mode="pipeline", **kwargs)
+    with pytest.raises(ValueError, match=r"2 dataloader\(s\) given as a dict.*concatenate the datasets\)\.$"):
+        trainer(callbacks=[cb], max_epochs=1).fit(PipelineRecorder(), datamodule=Two(num_workers=0))
+
+
 @pytest.mark.parametrize("factory", [None, T.RandomResizedCrop], ids=["resize", "factory"])
 def test_an_image_and_its_mask_come_to_the_same_size_the_mask_with_nearest(factory):
     from torchvision import tv_tensors

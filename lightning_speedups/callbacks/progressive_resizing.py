@@ -583,7 +583,9 @@ class ProgressiveResizing(SpeedupCallback):
         super().on_train_start(trainer, pl_module)
         self._reduced_step_done = False
         self._recalibrates = self._recalibration_wanted(trainer, pl_module)
-        if self.fields.getter is None:
+        if self.mode == "pipeline":  # the size reaches one SpeedupDataModule loader's workers, whatever the getter
+            self.check_single_loader(trainer, "the training loader of a SpeedupDataModule", getter_helps=False)
+        elif self.fields.getter is None:
             self.check_single_loader(trainer, "training batches with one image input")
         self._check_monitors(trainer)
         if self.mode != "pipeline":
