@@ -289,7 +289,8 @@ def section(quick: bool, out_dir: Path) -> str:
             step_table(step),
             "",
             f"At scale 0.5 the step takes {half:.2f} of the full-size time for {ideal:.2f} of the FLOPs "
-            f"({ideal / half:.0%} of the FLOPs ideal on this CPU, where the step time follows the pixel count; a "
+            f"({ideal / half:.0%} of the FLOPs ideal on this CPU, where the step time follows the pixel count"
+            f"{': over 100%, the smaller step ran faster than its FLOPs alone predict' if ideal > half else ''}; a "
             "CPU stand-in only: the 80% goal is on GPU, measured in the GPU section when a GPU is lent). "
             "Over a run with Composer's default schedule (0.5 / 0.5 / 0.2) the mean of scale squared is 0.50 (0.5 x "
             "0.25 + 0.3 x 0.58 + 0.2 x 1), so about half of the model compute is saved; small GPU batches save "
