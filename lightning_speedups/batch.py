@@ -39,6 +39,12 @@ class _NotFound(BatchFieldError):
     """No key was given and no conventional name is in the batch (a batch may have no target)."""
 
 
+def _candidates(batch: Any, which: str) -> list[str]:
+    """The conventional names of the input (or target) that ``batch`` has, in the order they are looked up."""
+    available = _available_keys(batch)
+    return [n for n in (_INPUT_NAMES if which == "input" else _TARGET_NAMES) if n in available]
+
+
 def _is_namedtuple(obj: Any) -> bool:
     return isinstance(obj, tuple) and hasattr(obj, "_fields") and hasattr(obj, "_replace")
 
@@ -109,13 +115,11 @@ class BatchFields:
             return key
         if isinstance(batch, list | tuple) and not _is_namedtuple(batch):
             return 0 if which == "input" else 1
-        names = _INPUT_NAMES if which == "input" else _TARGET_NAMES
-        available = _available_keys(batch)
-        found = [n for n in names if n in available]
+        found = _candidates(batch, which)
         if not found:
             raise _NotFound(
                 f"Could not find the {which} in a batch of type {type(batch).__name__} with keys "
-                f"{sorted(map(str, available))}. Pass `{which}_key=` naming it (or {_GETTER_SETTER} for "
+                f"{sorted(map(str, _available_keys(batch)))}. Pass `{which}_key=` naming it (or {_GETTER_SETTER} for "
                 "a custom batch)."
             )
         if len(found) > 1:  # {"x": coordinates, "image": pixels}: taking the first would mix the wrong field
@@ -153,6 +157,10 @@ class BatchFields:
             input_key = self._resolve(batch, "input")
         except _NotFound:
             return  # no input found: nothing to collide with (a technique that reads only the target)
+        except BatchFieldError:  # several conventional input names: a collision only if the target is one of them
+            if target_key not in _candidates(batch, "input"):
+                return
+            input_key = target_key
         if _same_place(batch, input_key, target_key):
             raise BatchFieldError(
                 f"The input and the target of this {type(batch).__name__} batch are both read from "
@@ -291,7 +299,10 @@ def _write(batch: Any, updates: dict[Key, Any]) -> Any:
 def _dataclass_replace(batch: Any, updates: dict[Key, Any]) -> Any:
     try:
         return dataclasses.replace(batch, **updates)
-    except ValueError as err:  # an `InitVar` without a default cannot be carried over
+    except ValueError as err:
+        if "with replace()" not in str(err):  # the batch's own `__post_init__` refusing the new values
+            raise
+        # an `InitVar` without a default cannot be carried over, a `field(init=False)` cannot be given
         raise BatchFieldError(
             f"Cannot rebuild the {type(batch).__name__} batch with {list(updates)} replaced ({err}). Pass "
             f"{_GETTER_SETTER} that build a new batch."

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from lightning_speedups import _checks
 from lightning_speedups._rng import BatchRandom
 from lightning_speedups.base import SpeedupCallback
-from lightning_speedups.batch import BatchFields, BatchGetter, BatchSetter, Key, _write
+from lightning_speedups.batch import BatchFieldError, BatchFields, BatchGetter, BatchSetter, Key, _write
 from lightning_speedups.functional.mixing import index_range
 
 if TYPE_CHECKING:
@@ -543,11 +543,23 @@ class TargetTransformCallback(SpeedupCallback):
             return
         kept = {**batch, self.hard_target_key: None}
         for which in ("input", "target") if self.mixes_inputs else ("target",):
-            if self.hard_target_key in (self.fields.key_of(batch, which), self.fields.key_of(kept, which)):
+            read = self.fields.key_of(batch, which)
+            fix = (
+                f"Give `hard_target_key` a key of its own (e.g. {self.hard_target_key + '_hard'!r}), or name the "
+                f"{which} with `{which}_key=`."
+            )
+            try:
+                later = self.fields.key_of(kept, which)
+            except BatchFieldError:  # another conventional name of the field: the batch would have two
+                raise ValueError(
+                    f"{who}(hard_target_key={self.hard_target_key!r}): {self.hard_target_key!r} is one of the names "
+                    f"{'an' if which == 'input' else 'a'} {which} is found by, so the batch would have two "
+                    f"{which}s ({read!r} and {self.hard_target_key!r}) once it holds the kept labels. {fix}"
+                ) from None
+            if self.hard_target_key in (read, later):
                 raise ValueError(
                     f"{who}(hard_target_key={self.hard_target_key!r}): the batch's {which} is read from that key, "
-                    f"so the kept labels and the new {which}s would share it. Give `hard_target_key` a key of its "
-                    f"own (e.g. {self.hard_target_key + '_hard'!r}), or name the {which} with `{which}_key=`."
+                    f"so the kept labels and the new {which}s would share it. {fix}"
                 )
 
     def _check_indices(self, target: Tensor, who: str) -> None:
@@ -645,10 +657,13 @@ def _batch_size(value: Any) -> int | None:
 
 
 def _nested_hint(value: Any, fix: str) -> str:
-    """The end of a message about a field that is not a tensor: a key cannot reach into a nested container."""
-    if fix != "`batch_getter`" and isinstance(value, Mapping | list | tuple):
-        return (
-            f"; a key cannot reach into a nested {type(value).__name__}: pass `batch_getter`/`batch_setter` "
-            "that read and rebuild it."
-        )
-    return "."
+    """The end of a message about a field that is not a tensor: a key cannot reach into a nested container, and a
+    list of numbers wants a tensor."""
+    if fix == "`batch_getter`" or not isinstance(value, Mapping | list | tuple):
+        return "."
+    if not isinstance(value, Mapping) and all(isinstance(v, numbers.Number) for v in value):
+        return "; make it a tensor where the batch is built (`torch.as_tensor(...)` in the `collate_fn`)."
+    return (
+        f"; a key cannot reach into a nested {type(value).__name__}: pass `batch_getter`/`batch_setter` "
+        "that read and rebuild it."
+    )

@@ -210,6 +210,11 @@ def test_two_conventional_names_for_one_field_are_an_error_naming_both():
     x, y = BatchFields(input_key="image", target_key="label").get(both)
     assert x is NEW_X and y is Y
     assert BatchFields().get_target({"image": X}) is None  # no conventional target name at all: none
+    # a named target beside two candidate inputs: the input is not read, so nothing to refuse (unless the
+    # target is one of them)
+    assert BatchFields(target_key="label").get_target({"x": X, "image": X, "label": Y}) is Y
+    with pytest.raises(BatchFieldError, match=r"both read from 'x'"):
+        BatchFields(target_key="x").get_target({"x": X, "image": X, "label": Y})
 
 
 def test_a_dataclass_that_cannot_be_rebuilt_points_to_getter_and_setter():
@@ -226,3 +231,16 @@ def test_a_dataclass_that_cannot_be_rebuilt_points_to_getter_and_setter():
 
     with pytest.raises(BatchFieldError, match=r"Cannot rebuild the Scaled batch.*InitVar 'scale'.*batch_getter"):
         BatchFields().replace(Scaled(X, Y, 2.0), input=NEW_X)
+
+    @dataclass
+    class Checked:
+        image: torch.Tensor
+        label: torch.Tensor
+
+        def __post_init__(self):
+            if self.image.shape[-1] != 3:
+                raise ValueError("image must be 3 wide")
+
+    # the batch's own check keeps its own message and type
+    with pytest.raises(ValueError, match=r"^image must be 3 wide$"):
+        BatchFields().replace(Checked(X, Y), input=torch.zeros(2, 4))

@@ -771,8 +771,12 @@ def test_hard_target_key_must_not_be_where_the_target_is_read():
         CutMix(input_key="image", hard_target_key="image")
     train = loaders("dict")[0]  # {"image", "label", "index"}: the target is found by name
     fit_expecting([MixUp(hard_target_key="label")], "the batch's target is read from that key", train=train)
-    # "target" is looked up before "label": once kept there it would be taken for the target
-    fit_expecting([LabelSmoothing(hard_target_key="target")], "target is read from that key", train=train)
+    # "target" and "labels" are names a target is found by: once kept there the batch would have two targets
+    for cb in (LabelSmoothing(hard_target_key="target"), MixUp(hard_target_key="labels")):
+        fit_expecting(
+            [cb], rf"'{cb.hard_target_key}' is one of the names a target is found by.*two targets", train=train
+        )
+    fit_expecting([MixUp(hard_target_key="input")], "'input' is one of the names an input is found by", train=train)
 
 
 class FirstOfTwo(RecordingModule):
@@ -802,7 +806,7 @@ def test_first_batch_check_of_a_0d_or_non_tensor_target():
     for cb in (MixUp(), LabelSmoothing()):
         fit_expecting([cb], r"got a 0-d tensor \(one label\).*batch_size", train=unbatched)
     as_list = DataLoader(TensorDataset(x, y), batch_size=4, collate_fn=lambda s: [x, [int(t) for _, t in s]])
-    fit_expecting([MixUp()], "needs a tensor target, got list", train=as_list)
+    fit_expecting([MixUp()], r"needs a tensor target, got list.*torch\.as_tensor", train=as_list)
 
 
 def test_a_nested_input_or_target_points_to_a_getter_not_to_a_key():
