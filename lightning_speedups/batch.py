@@ -35,10 +35,6 @@ class BatchFieldError(ValueError):
     """The batch does not have the input or target the callback was told to use."""
 
 
-class _NotFound(BatchFieldError):
-    """No key was given and no conventional name is in the batch (a batch may have no target)."""
-
-
 def _candidates(batch: Any, which: str) -> list[str]:
     """The conventional names of the input (or target) that ``batch`` has, in the order they are looked up."""
     available = _available_keys(batch)
@@ -109,7 +105,9 @@ class BatchFields:
         return f"BatchFields(input_key={self.input_key!r}, target_key={self.target_key!r})"
 
     # ------------------------------------------------------------------ key resolution
-    def _resolve(self, batch: Any, which: str) -> Key:
+    def _resolve(self, batch: Any, which: str, *, missing_ok: bool = False) -> Key | None:
+        """Where ``which`` is read from: the key given, the default index, or the one conventional name present;
+        ``None`` if there is none and ``missing_ok`` (a batch may have no target)."""
         key = self.input_key if which == "input" else self.target_key
         if key is not None:
             return key
@@ -117,7 +115,9 @@ class BatchFields:
             return 0 if which == "input" else 1
         found = _candidates(batch, which)
         if not found:
-            raise _NotFound(
+            if missing_ok:
+                return None
+            raise BatchFieldError(
                 f"Could not find the {which} in a batch of type {type(batch).__name__} with keys "
                 f"{sorted(map(str, _available_keys(batch)))}. Pass `{which}_key=` naming it (or {_GETTER_SETTER} for "
                 "a custom batch)."
@@ -154,13 +154,11 @@ class BatchFields:
         if not self._may_collide:
             return
         try:
-            input_key = self._resolve(batch, "input")
-        except _NotFound:
-            return  # no input found: nothing to collide with (a technique that reads only the target)
+            input_key = self._resolve(batch, "input", missing_ok=True)
         except BatchFieldError:  # several conventional input names: a collision only if the target is one of them
-            if target_key not in _candidates(batch, "input"):
-                return
-            input_key = target_key
+            input_key = target_key if target_key in _candidates(batch, "input") else None
+        if input_key is None:
+            return  # no input found: nothing to collide with (a technique that reads only the target)
         if _same_place(batch, input_key, target_key):
             raise BatchFieldError(
                 f"The input and the target of this {type(batch).__name__} batch are both read from "
@@ -178,12 +176,9 @@ class BatchFields:
             return self.get(batch)[1]
         if self.target_key is None and isinstance(batch, list | tuple) and len(batch) < 2:
             return None
-        try:
-            key = self._resolve(batch, "target")
-        except _NotFound:
-            if self.target_key is None:
-                return None
-            raise
+        key = self._resolve(batch, "target", missing_ok=True)
+        if key is None:  # no `target_key` and no conventional name: a batch without a target
+            return None
         self._check_distinct(batch, key)
         return _read(batch, key, "target")
 

@@ -149,7 +149,11 @@ def _compare(args: argparse.Namespace) -> int:
     try:
         run_comparison(cfg)
     except CompareError as err:
-        print(f"error: {err}", file=sys.stderr)
+        from lightning.pytorch.utilities import rank_zero_only
+
+        # under DDP every rank runs compare; another rank's error is marked as its own (often the same one)
+        rank = rank_zero_only.rank
+        print(f"error{f' (rank {rank})' if rank else ''}: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Lightning's own notice is among the messages compare keeps quiet
         print("interrupted: no report written.", file=sys.stderr)

@@ -210,6 +210,8 @@ def parse_callback(spec: str) -> Callback:
         return cls(**kwargs)
     except (TypeError, ValueError) as err:
         raise CompareError(f"--callback {spec!r}: {err}") from err
+    except Exception as err:  # the user's own class refusing in its way (a RuntimeError, a KeyError)
+        raise CompareError(f"--callback {spec!r}: {cls.__name__}(...) raised {type(err).__name__}: {err}") from err
 
 
 def _parse_spec(spec: str) -> tuple[type[Callback], dict[str, Any]]:
@@ -390,7 +392,8 @@ _MAX_SEED = 2**32 - 1
 
 def _check(cfg: CompareConfig) -> None:
     if cfg.target is not None and not 0.0 < cfg.target <= 1.0:
-        raise CompareError(f"--target must be in (0, 1] (an accuracy), got {cfg.target}.")
+        hint = f" (a percentage? --target {cfg.target / 100:g})" if 1.0 < cfg.target <= 100.0 else ""
+        raise CompareError(f"--target must be in (0, 1] (an accuracy, as a fraction), got {cfg.target:g}{hint}.")
     if cfg.repeats < 1:
         raise CompareError(f"--repeats must be >= 1, got {cfg.repeats}.")
     if not 0 <= cfg.seed <= _MAX_SEED - (cfg.repeats - 1):  # repeat r runs with seed + r
@@ -529,7 +532,8 @@ def _run(
         # e.g. the shortened baseline, ended before the first epoch in which the model logs the metric
         raise CompareError(
             f"the {arm!r} run ({trainer.global_step} steps, to epoch {trainer.current_epoch}): {err} compare needs "
-            "it at every validation (a model that logs it in some epochs only may miss it in a short run)."
+            "it at every validation (a model that logs it in some epochs only may miss it in a short run); "
+            "`--metric NAME` compares another."
         ) from err
     except (ValueError, TypeError, ImportError, RuntimeError, MisconfigurationException) as err:
         # a setting that does not fit the user's model, data or machine (our callbacks and Lightning raise these
@@ -567,6 +571,14 @@ def _run(
         raise CompareError(
             f"the {arm!r} run never validated: does the datamodule give validation data (a `val_dataloader` "
             "with batches) and the model a `validation_step` that logs the metric?"
+        )
+    if warmup and not meter.history and meter.missing and rank_zero_only.rank == 0:
+        # a misnamed metric would stop the first timed run only at its end: say it before the timed runs start
+        print(
+            f"compare, in its untimed warm-up run: {meter.missing} If your model never logs it, stop now (Ctrl-C) "
+            "and pass `--metric NAME`; one that logs it in later epochs only can go on.",
+            file=sys.stderr,
+            flush=True,
         )
     progress.finish()
     return RunResult(arm=arm, repeat=repeat, history=list(meter.history), flops=meter.flops, steps=trainer.global_step)

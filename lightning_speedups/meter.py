@@ -222,6 +222,11 @@ class TrainingMeter(Callback):
             )
         )
 
+    @property
+    def missing(self) -> str | None:
+        """What the last validation logged instead of the metric, when it did not log it; else ``None``."""
+        return self._missing
+
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.require_metric and not self.history and self._missing is not None:
             raise MissingMetricError(self._missing)

@@ -734,7 +734,10 @@ def declarative(
             problem = unknown_arguments(cls, {**args, **change})
             if problem:
                 raise TypeError(f"Preset {name!r}: {problem}")
-            out.append(cls(**{**args, **change}))
+            try:
+                out.append(cls(**{**args, **change}))
+            except (TypeError, ValueError) as err:  # named: MixUp and CutMix both have an `alpha` and a `p`
+                raise type(err)(f"Preset {name!r}, {cls_name}: {err}") from err
         return out
 
     return Preset(name, summary, description, factory, dict(trainer or {}), requires, specs)

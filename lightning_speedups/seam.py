@@ -122,7 +122,14 @@ def _hooks(callbacks: list[Any], name: str) -> list[Callable[..., Any]]:
 def _chain(hooks: list[Callable[..., Any]], trainer: Any, pl_module: Any, batch: Any) -> Any:
     """``batch`` through each hook in turn; a hook that returns None is an error that names it."""
     for hook in hooks:
-        batch = hook(trainer, pl_module, batch)
+        try:
+            batch = hook(trainer, pl_module, batch)
+        except Exception as err:
+            # several callbacks transform each batch: say which one raised (a note keeps the error's type)
+            owner = getattr(hook, "__self__", None)
+            if owner is not None and hasattr(err, "add_note"):
+                err.add_note(f"Raised by {type(owner).__name__} as it transformed a training batch.")
+            raise
         if batch is None:
             # Lightning takes a None batch for one to skip: every step would be skipped without a word
             owner = getattr(hook, "__self__", hook)

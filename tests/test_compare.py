@@ -181,7 +181,11 @@ def test_the_equal_budget_run_is_validated_at_its_last_step_even_mid_epoch():
         ),
         (["--model", "lightning_speedups.demo"], "Give both --model and --datamodule"),
         (["--model", "nocolon", "--datamodule", "x"], "is not an import path"),
-        (["--target", "1.5"], r"--target must be in \(0, 1\]"),
+        (
+            ["--target", "1.5"],
+            r"--target must be in \(0, 1\] \(an accuracy, as a fraction\), got 1\.5 \(a percentage\? --target 0\.015\)",
+        ),
+        (["--target", "95"], r"got 95 \(a percentage\? --target 0\.95\)"),
         (["--repeats", "0"], "--repeats must be >= 1"),
         (["--seed", "-1"], r"--seed must be in \[0, 4294967293\] with --repeats 3"),
         (["--seed", "4294967295", "--repeats", "2"], r"--seed must be in \[0, 4294967294\]"),
@@ -230,6 +234,10 @@ def test_a_model_that_does_not_log_the_metric(capsys, tmp_path):
     err = capsys.readouterr().err
     assert "'val_top1' was not logged" in err and re.search(r"the '(baseline|callbacks: MixUp)' run \(\d+ steps", err)
     assert "compare needs it at every validation" in err  # where a short run missed a metric logged in some epochs
+    assert "`--metric NAME` compares another" in err
+    # said before the timed runs, by the untimed warm-up, so that a misnamed metric costs seconds, not a whole run
+    warned = err.index("compare, in its untimed warm-up run: The validation metric 'val_top1' was not logged")
+    assert warned < err.index("error: ") and re.match(r"[^\n]*\(logged: [^)]*\bval_acc\b", err[warned:])
 
 
 def test_a_module_in_the_current_folder_is_found(tmp_path, monkeypatch):
@@ -256,6 +264,21 @@ def test_parse_callback():
     assert parse_callback("MixUp:log_knobs=True,check_loss=FALSE").check_loss is False
     with pytest.raises(CompareError, match="`antialias` must be True or False, got 'no'"):
         parse_callback("ProgressiveResizing:antialias=no")
+
+
+def test_a_callback_that_raises_its_own_error_in_init_is_a_message(tmp_path, monkeypatch):
+    # only TypeError and ValueError were turned into a message: a RuntimeError was a traceback
+    (tmp_path / "my_gpu_callbacks.py").write_text(
+        "from lightning.pytorch import Callback\n\n\nclass NeedsGPU(Callback):\n"
+        "    def __init__(self):\n        raise RuntimeError('needs a GPU')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(
+        CompareError,
+        match=r"--callback 'my_gpu_callbacks:NeedsGPU': NeedsGPU\(\.\.\.\) raised RuntimeError: needs a GPU",
+    ):
+        parse_callback("my_gpu_callbacks:NeedsGPU")
+    sys.modules.pop("my_gpu_callbacks", None)
 
 
 def test_presets_command(capsys):

@@ -616,6 +616,9 @@ def test_override_mistakes_are_named(registry):
         presets.get("vision-medium", mixup={"alpha": 0.4})
     with pytest.raises(TypeError, match=r"no callback CutMix to override; it has"):  # another class: no guess
         presets.get("vision-medium", CutMix=None)
+    # a value the callback refuses: which of the preset's callbacks (MixUp and CutMix both take an `alpha`)
+    with pytest.raises(ValueError, match=r"^Preset 'vision-aggressive', CutMix: `alpha` must be > 0"):
+        presets.get("vision-aggressive", CutMix={"alpha": -1})
 
     @register_preset("fn-recipe")
     def fn_recipe(smoothing: float = 0.1):

@@ -78,6 +78,18 @@ def test_a_failed_fit_leaves_the_strategy_as_it_was():
     assert active_transforms(t) == []
 
 
+def test_an_error_in_a_transform_names_the_callback_it_came_from():
+    # several callbacks transform each batch; a BatchFieldError said "could not find the input" without whose
+    plain = loaders("list", n=16)[0]
+    odd = torch.utils.data.DataLoader(
+        plain.dataset, batch_size=8, collate_fn=lambda s: {"pixels": torch.stack([x for x, _ in s]), "cls": 0}
+    )
+    t = trainer(callbacks=[AddToInput(1.0, [])], max_epochs=1)
+    with pytest.raises(ValueError, match="Could not find the input") as info:
+        t.fit(RecordingModule(), odd)
+    assert info.value.__notes__ == ["Raised by AddToInput as it transformed a training batch."]
+
+
 def test_runs_after_model_and_datamodule_transfer_hooks():
     log: list = []
     model = MarkingModule()
