@@ -392,8 +392,8 @@ _MAX_SEED = 2**32 - 1
 
 def _check(cfg: CompareConfig) -> None:
     if cfg.target is not None and not 0.0 < cfg.target <= 1.0:
-        hint = f" (a percentage? --target {cfg.target / 100:g})" if 1.0 < cfg.target <= 100.0 else ""
-        raise CompareError(f"--target must be in (0, 1] (an accuracy, as a fraction), got {cfg.target:g}{hint}.")
+        hint = f" (a percentage? --target {cfg.target / 100!r})" if 10.0 <= cfg.target <= 100.0 else ""
+        raise CompareError(f"--target must be in (0, 1] (an accuracy, as a fraction), got {cfg.target!r}{hint}.")
     if cfg.repeats < 1:
         raise CompareError(f"--repeats must be >= 1, got {cfg.repeats}.")
     if not 0 <= cfg.seed <= _MAX_SEED - (cfg.repeats - 1):  # repeat r runs with seed + r
@@ -554,12 +554,12 @@ def _run(
     except CompareError:
         raise  # ours, already a message (the model or datamodule could not be built)
     except Exception as err:  # anything else the user's model or data raised (a KeyError in a step, say)
-        notes = ""
+        notes = "".join(f" {note}" for note in getattr(err, "__notes__", []))
         line = getattr(_user_frame(err), "line", None) or ""
         # the hint only where the failed attribute is read from a logger on the user's line (`self.logger.x`)
         used = rf"\bloggers?\s*(\[[^\]]*\])?\s*\.\s*{re.escape(str(getattr(err, 'name', '') or ''))}\b"
         if isinstance(err, AttributeError) and "'NoneType'" in str(err) and re.search(used, line):
-            notes = (
+            notes += (
                 " compare trains without a logger, so `self.logger` is None there: guard its use with "
                 "`if self.logger is not None`."
             )

@@ -224,7 +224,8 @@ class TrainingMeter(Callback):
 
     @property
     def missing(self) -> str | None:
-        """What the last validation logged instead of the metric, when it did not log it; else ``None``."""
+        """The message about the latest validation that did not log the metric (with what it logged); ``None``
+        if every validation so far logged it."""
         return self._missing
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -736,8 +736,10 @@ def declarative(
                 raise TypeError(f"Preset {name!r}: {problem}")
             try:
                 out.append(cls(**{**args, **change}))
-            except (TypeError, ValueError) as err:  # named: MixUp and CutMix both have an `alpha` and a `p`
-                raise type(err)(f"Preset {name!r}, {cls_name}: {err}") from err
+            except Exception as err:  # named: MixUp and CutMix both have an `alpha` and a `p`
+                if hasattr(err, "add_note"):  # a note keeps the error's type and attributes
+                    err.add_note(f"In preset {name!r}, building its {cls_name}.")
+                raise
         return out
 
     return Preset(name, summary, description, factory, dict(trainer or {}), requires, specs)

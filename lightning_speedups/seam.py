@@ -128,7 +128,7 @@ def _chain(hooks: list[Callable[..., Any]], trainer: Any, pl_module: Any, batch:
             # several callbacks transform each batch: say which one raised (a note keeps the error's type)
             owner = getattr(hook, "__self__", None)
             if owner is not None and hasattr(err, "add_note"):
-                err.add_note(f"Raised by {type(owner).__name__} as it transformed a training batch.")
+                err.add_note(f"Raised in the callback {type(owner).__name__}.{getattr(hook, '__name__', 'hook')}.")
             raise
         if batch is None:
             # Lightning takes a None batch for one to skip: every step would be skipped without a word

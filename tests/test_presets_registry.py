@@ -617,8 +617,9 @@ def test_override_mistakes_are_named(registry):
     with pytest.raises(TypeError, match=r"no callback CutMix to override; it has"):  # another class: no guess
         presets.get("vision-medium", CutMix=None)
     # a value the callback refuses: which of the preset's callbacks (MixUp and CutMix both take an `alpha`)
-    with pytest.raises(ValueError, match=r"^Preset 'vision-aggressive', CutMix: `alpha` must be > 0"):
+    with pytest.raises(ValueError, match=r"`alpha` must be > 0") as info:
         presets.get("vision-aggressive", CutMix={"alpha": -1})
+    assert info.value.__notes__ == ["In preset 'vision-aggressive', building its CutMix."]
 
     @register_preset("fn-recipe")
     def fn_recipe(smoothing: float = 0.1):

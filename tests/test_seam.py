@@ -87,7 +87,7 @@ def test_an_error_in_a_transform_names_the_callback_it_came_from():
     t = trainer(callbacks=[AddToInput(1.0, [])], max_epochs=1)
     with pytest.raises(ValueError, match="Could not find the input") as info:
         t.fit(RecordingModule(), odd)
-    assert info.value.__notes__ == ["Raised by AddToInput as it transformed a training batch."]
+    assert info.value.__notes__ == ["Raised in the callback AddToInput.transform_batch."]
 
 
 def test_runs_after_model_and_datamodule_transfer_hooks():
