@@ -207,6 +207,19 @@ def test_crop_and_resize_keep_the_memory_layout():
             assert out.is_contiguous(memory_format=layout), (mode, layout)
 
 
+@pytest.mark.parametrize("mode", ["crop", "resize"])
+def test_a_one_channel_batch_comes_out_row_major_so_conv_gradients_keep_their_layout(mode):
+    # the permuted crop of a 1-channel batch had strides (H*W, 1, W, 1): "contiguous" and channels_last at once,
+    # so a convolution took the channels_last path and its weight gradient had strides DDP's buckets do not
+    # expect (torch warns "Grad strides do not match bucket view strides" and copies at every step)
+    x = torch.rand(4, 1, 12, 12)
+    out, _ = resize_batch(x, (8, 8), mode=mode, generator=torch.Generator().manual_seed(0))
+    assert out.stride() == (64, 64, 8, 1)
+    conv = torch.nn.Conv2d(1, 4, 3)
+    conv(out).sum().backward()
+    assert conv.weight.grad.stride() == (9, 9, 3, 1)
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool])
 def test_nearest_resize_of_integer_images_keeps_channels_last(dtype):
     x = (torch.rand(2, 3, 12, 12) > 0.5).to(dtype).contiguous(memory_format=torch.channels_last)

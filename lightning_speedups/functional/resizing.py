@@ -317,7 +317,22 @@ def crop_at(x: Tensor, size: Size, tops: Tensor, lefts: Tensor) -> Tensor:
     out = out.permute(0, *range(3, x.ndim), 1, 2)
     # for images the permuted result is laid out channels_last already: keep that for channels_last inputs
     channels_last = x.ndim == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
-    return out.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    if channels_last:
+        return out.contiguous(memory_format=torch.channels_last)
+    out = out.contiguous()
+    if out.stride() != _row_major_strides(out.shape):
+        # one channel: the permuted crop counts as contiguous with channels_last strides, which a convolution
+        # follows, giving its weight gradient a layout DDP's buckets do not expect (a copy at every step)
+        out = out.clone(memory_format=torch.contiguous_format)
+    return out
+
+
+def _row_major_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return tuple(reversed(strides))
 
 
 def resize_batch(
