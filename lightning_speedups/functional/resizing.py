@@ -323,7 +323,7 @@ def crop_at(x: Tensor, size: Size, tops: Tensor, lefts: Tensor) -> Tensor:
     if out.stride() != _row_major_strides(out.shape):
         # one channel: the permuted crop counts as contiguous with channels_last strides, which a convolution
         # follows, giving its weight gradient a layout DDP's buckets do not expect (a copy at every step)
-        out = out.clone(memory_format=torch.contiguous_format)
+        out = out.flatten().view(out.shape)  # the data are in row-major order already: a view fixes the strides
     return out
 
 
