@@ -473,6 +473,21 @@ def test_loss_scorer_orders_by_the_initial_per_sample_loss(model_class):
     assert cur.state_dict()["scores"].shape == (80,)
 
 
+def test_loss_scorer_scores_a_half_precision_model_in_float32():
+    # under bf16-true the loss was computed in bfloat16: a confident sample's rounded to exactly 0, and half the
+    # scores tied (ties are ordered at random)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4).to(torch.bfloat16)
+    x = torch.randn(64, 8, dtype=torch.bfloat16) * 10
+    y = model(x).argmax(1)  # mostly confident and right: losses near 0
+    scores = LossScore()(model, [x, y])
+    assert scores.dtype == torch.float32
+    torch.testing.assert_close(scores, F.cross_entropy(model(x).float(), y, reduction="none"))
+    in_bf16 = F.cross_entropy(model(x), y, reduction="none")
+    assert (in_bf16 == 0).sum() >= 10 and (scores == 0).sum() == 0  # the ties bfloat16 makes, and none left
+    assert scores.unique().numel() > in_bf16.unique().numel()
+
+
 def test_loss_scorer_keeps_a_frozen_submodule_in_eval_mode():
     class FrozenPart(IndexModel):
         def __init__(self) -> None:

@@ -49,6 +49,10 @@ class LossScore:
     ``transfer_batch_to_device`` or ``on_after_batch_transfer`` hooks (nor any training-batch callback): if your
     batches need those to become model inputs, do the same inside a scorer of your own.
 
+    Under half-precision training (``bf16-true``, ``16-true``) a half-precision output is cast to float32
+    before the loss: in bfloat16 the loss of every confidently right sample rounds to 0, and those ties
+    would be ordered at random.
+
     Args:
         loss: ``loss(output, target, reduction="none") -> (B,)``; cross entropy by default.
         input_key: where the batch keeps the input (see :class:`~lightning_speedups.BatchFields`).
@@ -74,7 +78,14 @@ class LossScore:
 
     def __call__(self, pl_module: Any, batch: Any) -> Tensor:
         x, y = self.fields.get(batch)
-        return self.loss(pl_module(x), y, reduction="none")
+        out = pl_module(x)
+        if isinstance(out, Tensor) and out.dtype in (torch.float16, torch.bfloat16):
+            # a half-precision loss rounds a confident sample's to exactly 0: under bf16-true half the scores
+            # tied, and ties are ordered at random; the loss in float32 keeps the ranking of the forward pass
+            out = out.float()
+            if isinstance(y, Tensor) and y.dtype in (torch.float16, torch.bfloat16):  # soft targets
+                y = y.float()
+        return self.loss(out, y, reduction="none")
 
     def __repr__(self) -> str:
         """``LossScore(loss=nll_loss, input_key='image')``: the settings that differ from the defaults (so two
