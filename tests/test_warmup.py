@@ -546,7 +546,8 @@ def test_resuming_with_a_batch_size_finder_is_refused_and_resuming_without_it_co
     assert resumed.used == pytest.approx(first.used[3 + 4 :])  # the last 4 updates of the first run, as they were
 
 
-def test_initial_reference_is_the_batch_asked_for_before_the_tuners_search(tmp_path):
+@pytest.mark.parametrize("lr_find_between", [False, True])
+def test_initial_reference_is_the_batch_asked_for_before_the_tuners_search(tmp_path, lr_find_between):
     from lightning.pytorch.tuner import Tuner
 
     module = WarmupModule("cosine", batch_size=4)
@@ -554,6 +555,8 @@ def test_initial_reference_is_the_batch_asked_for_before_the_tuners_search(tmp_p
     t = trainer(callbacks=[cb], max_epochs=1, default_root_dir=tmp_path)
     found = Tuner(t).scale_batch_size(module, mode="power", init_val=2, max_trials=3, steps_per_trial=1)
     assert found == module.batch_size == 8
+    if lr_find_between:  # its own fit spent the reference kept from before the batch search: k was 1
+        Tuner(t).lr_find(module, num_training=3, update_attr=False)
     t.fit(module)
     assert cb.scale == 2.0 and cb.state_dict()["initial_reference"] == 4
     fit(module, [cb], max_epochs=1)  # a later fit on its own reads the batch asked for then

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
-from lightning.pytorch.callbacks import BatchSizeFinder, GradientAccumulationScheduler
+from lightning.pytorch.callbacks import BatchSizeFinder, GradientAccumulationScheduler, LearningRateFinder
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr
 from torch.optim import Optimizer
@@ -287,9 +287,9 @@ class LinearScalingWarmup(SpeedupCallback):
         self._trainer = self._resume_guard = None
         if stage == "fit":
             self._ended_fit = (id(trainer), trainer.global_step)  # where a second fit on this trainer continues
-        if stage == "fit" and _only_searched_batch_size(trainer):
-            # `Tuner.scale_batch_size` ran a fit that stops after the search; the next fit is the real one,
-            # and the batch asked for is the one read before the search, not the one it found
+        if stage == "fit" and _only_tuned(trainer):
+            # `Tuner.scale_batch_size` (or `Tuner.lr_find`, which may run between it and the real fit) ran a fit
+            # that stops after its search; the batch asked for is the one read before the search, not the one found
             self._keep_reference = self._initial_reference is not None
         super().teardown(trainer, pl_module, stage)
 
@@ -886,9 +886,13 @@ def _searches_batch_size(trainer: pl.Trainer) -> bool:
     return any(isinstance(cb, BatchSizeFinder) and not getattr(cb, "_early_exit", False) for cb in trainer.callbacks)
 
 
-def _only_searched_batch_size(trainer: pl.Trainer) -> bool:
-    """Whether this fit was ``Tuner.scale_batch_size``'s: its ``BatchSizeFinder`` stops the fit after the search."""
-    return any(isinstance(cb, BatchSizeFinder) and getattr(cb, "_early_exit", False) for cb in trainer.callbacks)
+def _only_tuned(trainer: pl.Trainer) -> bool:
+    """Whether this fit was ``Tuner.scale_batch_size``'s or ``Tuner.lr_find``'s: their finder stops the fit after
+    its search."""
+    return any(
+        isinstance(cb, BatchSizeFinder | LearningRateFinder) and getattr(cb, "_early_exit", False)
+        for cb in trainer.callbacks
+    )
 
 
 def _group_name(name: str, groups: list[dict[str, Any]], j: int) -> str:
