@@ -1,6 +1,7 @@
 """RepeatFactorSampling and CurriculumOrdering in real fits: what each step saw, composition, resume, errors."""
 
 import copy
+import functools
 import itertools
 import math
 import sys
@@ -486,6 +487,10 @@ def test_loss_scorer_scores_a_half_precision_model_in_float32():
     in_bf16 = F.cross_entropy(model(x), y, reduction="none")
     assert (in_bf16 == 0).sum() >= 10 and (scores == 0).sum() == 0  # the ties bfloat16 makes, and none left
     assert scores.unique().numel() > in_bf16.unique().numel()
+    # a loss of the user's own gets the output as the model made it (its weights may be bfloat16 too)
+    weight = torch.ones(4, dtype=torch.bfloat16)
+    own = LossScore(functools.partial(F.cross_entropy, weight=weight))(model, [x, y])
+    assert own.dtype == torch.bfloat16
 
 
 def test_loss_scorer_keeps_a_frozen_submodule_in_eval_mode():

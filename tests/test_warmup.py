@@ -563,6 +563,19 @@ def test_initial_reference_is_the_batch_asked_for_before_the_tuners_search(tmp_p
     assert cb.scale == 1.0
 
 
+def test_an_lr_find_alone_leaves_the_next_fit_to_read_its_batch():
+    # an lr_find with no batch search before it kept its reference (4) for a fit at another batch (16): x4
+    from lightning.pytorch.tuner import Tuner
+
+    module = WarmupModule("cosine", batch_size=4)
+    cb = LinearScalingWarmup("initial", warmup=4, warmup_unit="steps")
+    t = trainer(callbacks=[cb], max_epochs=1)
+    Tuner(t).lr_find(module, num_training=3, update_attr=False)
+    module.batch_size = 16
+    t.fit(module)
+    assert cb.scale == 1.0 and cb.state_dict()["initial_reference"] == 16
+
+
 def test_initial_reference_with_a_dataset_of_whole_batches_leaves_the_learning_rate_alone():
     # DataLoader(batch_size=None): the sampler's length counts batches, which capped the reference at 10 (x 3.2)
     class WholeBatches(torch.utils.data.Dataset):

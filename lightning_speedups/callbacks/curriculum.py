@@ -49,9 +49,9 @@ class LossScore:
     ``transfer_batch_to_device`` or ``on_after_batch_transfer`` hooks (nor any training-batch callback): if your
     batches need those to become model inputs, do the same inside a scorer of your own.
 
-    Under half-precision training (``bf16-true``, ``16-true``) a half-precision output is cast to float32
-    before the loss: in bfloat16 the loss of every confidently right sample rounds to 0, and those ties
-    would be ordered at random.
+    Under half-precision training (``bf16-true``, ``16-true``) the default cross entropy gets the output as
+    float32: in bfloat16 the loss of every confidently right sample rounds to 0, and those ties would be
+    ordered at random. A ``loss`` of your own gets the output as the model made it: compute in float32 there.
 
     Args:
         loss: ``loss(output, target, reduction="none") -> (B,)``; cross entropy by default.
@@ -79,7 +79,7 @@ class LossScore:
     def __call__(self, pl_module: Any, batch: Any) -> Tensor:
         x, y = self.fields.get(batch)
         out = pl_module(x)
-        if isinstance(out, Tensor) and out.dtype in (torch.float16, torch.bfloat16):
+        if self.loss is F.cross_entropy and isinstance(out, Tensor) and out.dtype in (torch.float16, torch.bfloat16):
             # a half-precision loss rounds a confident sample's to exactly 0: under bf16-true half the scores
             # tied, and ties are ordered at random; the loss in float32 keeps the ranking of the forward pass
             out = out.float()

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
-from lightning.pytorch.callbacks import BatchSizeFinder, GradientAccumulationScheduler, LearningRateFinder
+from lightning.pytorch.callbacks import BatchSizeFinder, Callback, GradientAccumulationScheduler, LearningRateFinder
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr
 from torch.optim import Optimizer
@@ -160,6 +160,7 @@ class LinearScalingWarmup(SpeedupCallback):
         self._last_factors: dict[int, float] = {}  # per optimizer: with several, each is at its own point
         self._last_lrs: dict[int, list[Any]] = {}
         self._keep_reference = False  # keep `_initial_reference` for the next fit (after a batch-size search)
+        self._carried_reference = False  # this fit's reference was kept from a batch-size search's fit
 
     # ------------------------------------------------------------------ public read-outs
     @property
@@ -206,6 +207,8 @@ class LinearScalingWarmup(SpeedupCallback):
             self._plan = None
             self._last_factor, self._last_lrs = None, {}  # an earlier fit's read-outs are not this one's
             self._last_factors = {}
+            # a reference carried over a tuner's fit (below) is carried over an `lr_find` after it too
+            self._carried_reference = self._keep_reference
             if self._keep_reference:  # the fit before only searched the batch size (Tuner.scale_batch_size)
                 self._keep_reference = False
                 return
@@ -287,9 +290,12 @@ class LinearScalingWarmup(SpeedupCallback):
         self._trainer = self._resume_guard = None
         if stage == "fit":
             self._ended_fit = (id(trainer), trainer.global_step)  # where a second fit on this trainer continues
-        if stage == "fit" and _only_tuned(trainer):
-            # `Tuner.scale_batch_size` (or `Tuner.lr_find`, which may run between it and the real fit) ran a fit
-            # that stops after its search; the batch asked for is the one read before the search, not the one found
+        if stage == "fit" and _only_searched(trainer, BatchSizeFinder):
+            # `Tuner.scale_batch_size` ran a fit that stops after the search; the next fit is the real one,
+            # and the batch asked for is the one read before the search, not the one it found
+            self._keep_reference = self._initial_reference is not None
+        elif stage == "fit" and _only_searched(trainer, LearningRateFinder) and self._carried_reference:
+            # `Tuner.lr_find` between that search and the real fit: the reference goes on to the real fit
             self._keep_reference = self._initial_reference is not None
         super().teardown(trainer, pl_module, stage)
 
@@ -886,13 +892,10 @@ def _searches_batch_size(trainer: pl.Trainer) -> bool:
     return any(isinstance(cb, BatchSizeFinder) and not getattr(cb, "_early_exit", False) for cb in trainer.callbacks)
 
 
-def _only_tuned(trainer: pl.Trainer) -> bool:
-    """Whether this fit was ``Tuner.scale_batch_size``'s or ``Tuner.lr_find``'s: their finder stops the fit after
-    its search."""
-    return any(
-        isinstance(cb, BatchSizeFinder | LearningRateFinder) and getattr(cb, "_early_exit", False)
-        for cb in trainer.callbacks
-    )
+def _only_searched(trainer: pl.Trainer, finder: type[Callback]) -> bool:
+    """Whether this fit was ``Tuner.scale_batch_size``'s (``finder=BatchSizeFinder``) or ``Tuner.lr_find``'s
+    (``LearningRateFinder``): the tuner's finder stops the fit after its search."""
+    return any(isinstance(cb, finder) and getattr(cb, "_early_exit", False) for cb in trainer.callbacks)
 
 
 def _group_name(name: str, groups: list[dict[str, Any]], j: int) -> str:
