@@ -222,8 +222,12 @@ class TargetTransformCallback(SpeedupCallback):
         log_knobs: log the callback's knobs through the trainer's loggers.
     """
 
-    #: whether this callback's transform needs the inputs (MixUp, CutMix) or only the targets.
+    #: whether this callback's transform needs the inputs (MixUp, CutMix) or only the targets; a target-only
+    #: technique sets it to False: its input is then not read, nor checked to be floating point.
     mixes_inputs: bool = True
+    #: whether it smooths the targets (LabelSmoothing): a loss module with ``label_smoothing`` is then refused
+    #: at fit start, since the targets would be smoothed twice.
+    smooths_targets: bool = False
 
     def __init__(
         self,
@@ -401,7 +405,7 @@ class TargetTransformCallback(SpeedupCallback):
 
     def check_module(self, pl_module: pl.LightningModule) -> None:
         """Fit-start check of the module's losses; override to add technique-specific ones."""
-        check_soft_target_losses(pl_module, type(self).__name__, smoothing_in_targets=False)
+        check_soft_target_losses(pl_module, type(self).__name__, smoothing_in_targets=self.smooths_targets)
 
     def _check_hard_target_order(self, trainer: pl.Trainer) -> None:
         # Batch transforms run in callback order: an earlier one that changes the targets without keeping them
@@ -508,9 +512,17 @@ class TargetTransformCallback(SpeedupCallback):
                     + _nested_hint(x, fix_input)
                 )
             if not x.is_floating_point():
+                own = (
+                    ""
+                    if type(self).__module__.startswith("lightning_speedups.")
+                    else (
+                        f" If {type(self).__name__} changes only the targets, set its class attribute "
+                        "`mixes_inputs = False`."
+                    )
+                )
                 raise TypeError(
                     f"{who} mixes inputs, which must be floating point; got dtype {x.dtype}. Convert them to "
-                    "float in the dataset's transform or in `on_after_batch_transfer`."
+                    f"float in the dataset's transform or in `on_after_batch_transfer`.{own}"
                 )
             if x.ndim == 0 or x.shape[0] != target.shape[0]:
                 raise ValueError(

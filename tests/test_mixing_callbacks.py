@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_speedups import CutMix, LabelSmoothing, MixUp, SpeedupWarning, hard_labels
+from lightning_speedups import CutMix, LabelSmoothing, MixUp, SpeedupWarning, TargetTransformCallback, hard_labels
+from lightning_speedups.functional import as_probabilities
 from tests.helpers import (
     NUM_CLASSES,
     ImagesDataModule,
@@ -532,6 +533,35 @@ def test_loss_mode_needs_a_criterion_and_check_loss_opt_out():
     model.val_criterion = nn.NLLLoss()
     trainer(callbacks=[MixUp(check_loss=False)], max_steps=1).fit(model, loaders()[0])
     assert model.train_batches[0][1].is_floating_point()
+
+
+class Relaxation(TargetTransformCallback):
+    """A user's target-only smoothing technique (as docs/extending.md describes)."""
+
+    smooths_targets = True
+
+    def apply(self, x, target, num_classes, trainer):
+        return x, 0.9 * as_probabilities(target, num_classes) + 0.1 / num_classes
+
+
+def test_a_users_target_technique_says_what_it_touches_through_class_attributes():
+    # a smoothing technique of the user's own beside a loss with `label_smoothing` smoothed twice, unnoticed
+    fit_expecting([Relaxation()], "smoothed twice", model=WithLoss(nn.CrossEntropyLoss(label_smoothing=0.1)))
+    # one that changes only the targets was refused integer inputs (token ids), with no hint at the way out
+    x, y = image_tensors(16)
+    tokens = DataLoader(TensorDataset((x * 10).long(), y), batch_size=8)
+    fit_expecting([Relaxation()], r"dtype torch\.int64.*set its class attribute `mixes_inputs = False`", train=tokens)
+
+    class TargetsOnly(Relaxation):
+        mixes_inputs = False
+
+    class TokenModel(RecordingModule):
+        def training_step(self, batch, batch_idx):
+            return super().training_step([batch[0].float(), batch[1]], batch_idx)
+
+    model = TokenModel()
+    trainer(callbacks=[TargetsOnly(num_classes=C)], max_steps=1).fit(model, tokens)
+    torch.testing.assert_close(model.train_batches[0][1].sum(1), torch.ones(8))
 
 
 def test_user_smoothing_in_the_loss_with_mixup_is_fine():
