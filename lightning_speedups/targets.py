@@ -301,8 +301,27 @@ class TargetTransformCallback(SpeedupCallback):
             return
         if self.hard_target_key is not None and self.transforms_batches:
             self._check_hard_target_order(trainer)
+        if self.smooths_targets:
+            self._check_single_smoother(trainer)
         self._checked_first_batch = False
         self._fit_started = False
+
+    def _check_single_smoother(self, trainer: pl.Trainer) -> None:
+        """Two callbacks that smooth the targets in the same part of training would smooth them twice."""
+        for other in trainer.callbacks:
+            if other is self or not getattr(other, "smooths_targets", False):
+                continue
+            if max(self.start, other.start) < min(self.end, other.end):  # both may act on the same step
+                pair = (
+                    f"Two {type(self).__name__} callbacks"
+                    if type(other) is type(self)
+                    else f"{type(self).__name__} and {type(other).__name__}, which both smooth the targets,"
+                )
+                raise ValueError(
+                    f"{pair} act in the same part of training ({self.start:g}-{self.end:g} and "
+                    f"{other.start:g}-{other.end:g}): the targets would be smoothed twice. Keep one, or give them "
+                    "windows that do not overlap (`start`/`end`)."
+                )
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_fit_start(trainer, pl_module)
@@ -512,9 +531,9 @@ class TargetTransformCallback(SpeedupCallback):
                     + _nested_hint(x, fix_input)
                 )
             if not x.is_floating_point():
-                own = (
+                own = (  # only for an `apply` of the user's own: a subclass of MixUp or CutMix does mix inputs
                     ""
-                    if type(self).__module__.startswith("lightning_speedups.")
+                    if type(self).apply.__module__.startswith("lightning_speedups.")
                     else (
                         f" If {type(self).__name__} changes only the targets, set its class attribute "
                         "`mixes_inputs = False`."

@@ -547,10 +547,22 @@ class Relaxation(TargetTransformCallback):
 def test_a_users_target_technique_says_what_it_touches_through_class_attributes():
     # a smoothing technique of the user's own beside a loss with `label_smoothing` smoothed twice, unnoticed
     fit_expecting([Relaxation()], "smoothed twice", model=WithLoss(nn.CrossEntropyLoss(label_smoothing=0.1)))
+    # beside LabelSmoothing (either method: in the loss, the smoothing is set only as each step runs)
+    for method in ("target", "loss"):
+        both = [LabelSmoothing(method=method), Relaxation()]
+        fit_expecting(both, "LabelSmoothing and Relaxation, which both smooth the targets, act in the same part")
+    trainer(callbacks=[LabelSmoothing(end=0.5), Relaxation(start=0.5)], max_steps=2).fit(WithLoss(None), loaders()[0])
     # one that changes only the targets was refused integer inputs (token ids), with no hint at the way out
     x, y = image_tensors(16)
     tokens = DataLoader(TensorDataset((x * 10).long(), y), batch_size=8)
     fit_expecting([Relaxation()], r"dtype torch\.int64.*set its class attribute `mixes_inputs = False`", train=tokens)
+
+    class MyMixUp(MixUp):  # it does mix the inputs: no such hint
+        pass
+
+    with pytest.raises(TypeError, match=r"must be floating point; got dtype torch\.int64\. Convert them") as info:
+        trainer(callbacks=[MyMixUp()], max_steps=1).fit(RecordingModule(), tokens)
+    assert "mixes_inputs" not in str(info.value)
 
     class TargetsOnly(Relaxation):
         mixes_inputs = False

@@ -56,6 +56,7 @@ class LabelSmoothing(TargetTransformCallback):
 
     log_name = "label_smoothing"
     mixes_inputs = False
+    smooths_targets = True  # one smoothing callback per part of training (checked at setup, with users' own)
 
     def __init__(self, smoothing: float = 0.1, method: str = "target", **kwargs: Any) -> None:
         _checks.no_unknown_arguments(LabelSmoothing, kwargs)  # what reaches this __init__, closest names
@@ -88,20 +89,6 @@ class LabelSmoothing(TargetTransformCallback):
         return x, smooth_labels(target, self.smoothing, num_classes)
 
     # ------------------------------------------------------------------ checks
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        if stage != "fit":
-            return
-        for other in trainer.callbacks:
-            if other is self or not isinstance(other, LabelSmoothing):
-                continue
-            if max(self.start, other.start) < min(self.end, other.end):  # both may act on the same step
-                raise ValueError(
-                    f"Two LabelSmoothing callbacks act in the same part of training ({self.start:g}-{self.end:g} "
-                    f"and {other.start:g}-{other.end:g}): the targets would be smoothed twice. Keep one, or give "
-                    "them windows that do not overlap (`start`/`end`)."
-                )
-
     def check_module(self, pl_module: pl.LightningModule) -> None:
         if self.method == "target":
             check_soft_target_losses(pl_module, "LabelSmoothing(method='target')", smoothing_in_targets=True)
