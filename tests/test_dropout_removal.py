@@ -129,6 +129,41 @@ def test_a_rate_the_model_sets_back_in_forward_is_warned_about():
         trainer(callbacks=[DropoutRemoval()], max_steps=2).fit(DropoutModule(), loaders("list")[0])
 
 
+def test_a_rate_set_back_by_an_epoch_hook_is_warned_about_and_counted_once(monkeypatch):
+    # a per-epoch schedule in the module's own hook: each epoch's rescan switched it off again, counted it as a
+    # dropout "added to the model since", and said nothing about the part of the epoch it had been on
+    import lightning_speedups.callbacks.dropout_removal as dr
+
+    class Scheduled(RecordingModule):
+        def __init__(self):
+            super().__init__(record=False)
+            self.drop = nn.Dropout(0.3)
+
+        def on_train_epoch_start(self):
+            self.drop.p = 0.3
+
+        def forward(self, x):
+            return super().forward(self.drop(x))
+
+    infos: list[str] = []
+    monkeypatch.setattr(dr, "rank_zero_info", infos.append)
+    cb, model = DropoutRemoval(), Scheduled()
+    with pytest.warns(SpeedupWarning, match=r"set back by the model since the last epoch began \(drop\.p\)"):
+        trainer(callbacks=[cb], max_epochs=3).fit(model, loaders("list", n=32)[0])
+    assert cb.removed == 1 and not any("added to the model since" in m for m in infos)
+    assert model.drop.p == 0.3  # given back at the end, the rate it had first
+
+
+def test_start_one_never_removes_and_says_so(monkeypatch):
+    import lightning_speedups.callbacks.dropout_removal as dr
+
+    infos: list[str] = []
+    monkeypatch.setattr(dr, "rank_zero_info", infos.append)
+    cb, model = DropoutRemoval(start=1.0), DropoutModule()
+    trainer(callbacks=[cb], max_steps=4).fit(model, loaders("list")[0])
+    assert cb.removed == 0 and any("start=1.0) never removes dropout" in m for m in infos)
+
+
 def test_a_rate_under_an_unknown_name_is_named_in_a_warning():
     class HiddenRate(RecordingModule):
         def __init__(self):

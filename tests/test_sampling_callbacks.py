@@ -732,8 +732,10 @@ def test_shuffle_false_beside_a_sampling_callback_is_said_to_be_ignored():
 @pytest.mark.parametrize(
     ("make", "error", "match"),
     [
-        (lambda: RepeatFactorSampling(threshold=0.0), ValueError, "`threshold` must be > 0, got 0.0"),
-        (lambda: RepeatFactorSampling(threshold=-0.1), ValueError, "`threshold` must be > 0"),
+        (lambda: RepeatFactorSampling(threshold=0.0), ValueError, r"`threshold` must be in \(0, 1\], got 0.0"),
+        (lambda: RepeatFactorSampling(threshold=-0.1), ValueError, r"`threshold` must be in \(0, 1\]"),
+        # a count taken for the fraction: every class repeated, epochs sqrt(10) times longer, nothing rebalanced
+        (lambda: RepeatFactorSampling(threshold=10), ValueError, r"got 10\. .*not a count.*n / len\(dataset\)"),
         (lambda: RepeatFactorSampling(threshold=float("nan")), TypeError, "`threshold` must be a finite number"),
         (lambda: RepeatFactorSampling(labels=3), TypeError, "`labels` must be an array"),
         (lambda: CurriculumOrdering(start_fraction=0.0), ValueError, r"`start_fraction` must be in \(0, 1\]"),

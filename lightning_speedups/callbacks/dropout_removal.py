@@ -47,7 +47,8 @@ class DropoutRemoval(SpeedupCallback):
     use dropout).
 
     Args:
-        start: training progress (0 = first step, 1 = end) from which dropout is off.
+        start: training progress (0 = first step, 1 = end) from which dropout is off; 1 never removes it (the
+            last step is at progress < 1), which turns the callback off.
         log_knobs: log ``removed`` (how many dropouts it switched off, 0 before ``start``).
 
     Example::
@@ -86,6 +87,9 @@ class DropoutRemoval(SpeedupCallback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         # Here rather than in setup: modules built in `configure_model` exist by now.
+        if self.start >= 1.0:  # progress stays below 1 through the last step: a setting that turns it off
+            rank_zero_info("DropoutRemoval(start=1.0) never removes dropout: the last step is at progress < 1.")
+            return
         sites = find_dropout(pl_module)
         unknown = unhandled_dropout(pl_module) + _hparam_rates(pl_module, {site.value for site in sites})
         listed = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
@@ -130,13 +134,18 @@ class DropoutRemoval(SpeedupCallback):
             self._verify = False
             back = rates_set_back(pl_module, self._removed)
             if back:
-                names = ", ".join(f"{site.name or '(model)'}.{site.attribute}" for site in back[:5])
-                self.warn(
-                    f"{len(back)} dropout rate(s) switched off were set back by the model during the step ({names}"
-                    f"{' and more' if len(back) > 5 else ''}), so that dropout is on again: does the model's `forward` "
-                    "set them? Set a rate once (in `__init__` or `setup`), not at every step."
+                self._warn_set_back(
+                    back, "during the step", "so that dropout is on again: does the model's `forward` set them?"
                 )
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def _warn_set_back(self, back: list[DropoutSite], when: str, consequence: str) -> None:
+        names = ", ".join(f"{site.name or '(model)'}.{site.attribute}" for site in back[:5])
+        self.warn(
+            f"{len(back)} dropout rate(s) switched off were set back by the model {when} ({names}"
+            f"{' and more' if len(back) > 5 else ''}), {consequence} Set a rate once (in `__init__` or `setup`), not "
+            "at every step or epoch."
+        )
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_epoch_start(trainer, pl_module)
@@ -146,7 +155,16 @@ class DropoutRemoval(SpeedupCallback):
         self._rescan = self._done
 
     def _remove_added(self, pl_module: pl.LightningModule) -> None:
-        added = disable_dropout(pl_module)
+        back = rates_set_back(pl_module, self._removed)
+        if back:  # e.g. a per-epoch dropout schedule in a hook: on again since some step of the last epoch
+            self._warn_set_back(
+                back,
+                "since the last epoch began",
+                "so that dropout was on again for part of it (switched off again now): does a hook set them?",
+            )
+        known = {(id(site.module), site.attribute) for site in self._removed}
+        # the ones set back are switched off again, but they are not new: counted once, restored to the first value
+        added = [site for site in disable_dropout(pl_module) if (id(site.module), site.attribute) not in known]
         if added:
             self._removed = [*self._removed, *added]
             rank_zero_info(f"DropoutRemoval: switched off {len(added)} dropout(s) added to the model since.")

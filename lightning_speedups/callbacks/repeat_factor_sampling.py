@@ -40,14 +40,17 @@ class RepeatFactorSampling(SpeedupCallback):
     Each epoch rounds the factors stochastically (2.3 becomes 2 or 3, 2.3 on average) with a generator seeded
     by ``(seed, epoch)``, shuffles, and pads or truncates to a constant ``round(sum(r))`` entries, so every DDP
     rank draws the same epoch, a resumed run draws what the uninterrupted run would have, and the number of
-    batches per epoch never changes. The sampler is a ``DistributedSampler``: Lightning leaves it alone under
-    DDP and each rank takes a disjoint shard of equal length. Composes with :class:`CurriculumOrdering`.
+    batches per epoch never changes. The padding and truncation make the averages exact only up to
+    ``round(sum(r)) / sum(r)``: on a dataset of a few samples the ratios shift, and a sample can miss an epoch.
+    The sampler is a ``DistributedSampler``: Lightning leaves it alone under DDP and each rank takes a disjoint
+    shard of equal length. Composes with :class:`CurriculumOrdering`.
 
     Needs a :class:`~lightning_speedups.SpeedupDataModule`, whose training loader takes its sampler from this
     callback.
 
     Args:
-        threshold: ``t`` of the rule, > 0; LVIS uses 0.001. Larger values repeat more classes, more often.
+        threshold: ``t`` of the rule, a fraction in (0, 1]; LVIS uses 0.001. Larger values repeat more classes,
+            more often.
         labels: class labels per training sample: an array or sequence (one class id per sample, a list of
             ids per sample, or a multi-hot ``(N, C)`` array or tensor of booleans or 0/1, not a Python list, whose
             rows are read as lists of ids; an ``(N, 1)`` integer array is a column of class ids), or a callable
@@ -88,10 +91,17 @@ class RepeatFactorSampling(SpeedupCallback):
         log_knobs: bool = True,
     ) -> None:
         super().__init__(seed=seed, log_knobs=log_knobs)
-        self.threshold = _checks.positive(
+        self.threshold = _checks.in_range(
             "threshold",
             threshold,
-            hint="It is the class frequency below which samples are repeated; LVIS uses 0.001.",
+            0.0,
+            1.0,
+            low_open=True,
+            hint=(
+                "It is the fraction of samples below which a class is repeated (LVIS uses 0.001), not a count: "
+                "for classes in fewer than n samples pass n / len(dataset). Above 1 every class would be repeated, "
+                "as with threshold=1 in epochs sqrt(threshold) times longer."
+            ),
         )
         if labels is not None and not callable(labels) and (isinstance(labels, str) or not hasattr(labels, "__len__")):
             raise TypeError(
