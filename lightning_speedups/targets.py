@@ -306,10 +306,17 @@ class TargetTransformCallback(SpeedupCallback):
         self._checked_first_batch = False
         self._fit_started = False
 
+    @property
+    def may_act(self) -> bool:
+        """Whether this callback can change any batch; ``p=0`` (a config or sweep turning it off) cannot."""
+        return self.p > 0.0
+
     def _check_single_smoother(self, trainer: pl.Trainer) -> None:
         """Two callbacks that smooth the targets in the same part of training would smooth them twice."""
+        if not self.may_act:
+            return
         for other in trainer.callbacks:
-            if other is self or not getattr(other, "smooths_targets", False):
+            if other is self or not getattr(other, "smooths_targets", False) or not getattr(other, "may_act", True):
                 continue
             if max(self.start, other.start) < min(self.end, other.end):  # both may act on the same step
                 pair = (

@@ -129,29 +129,47 @@ def test_a_rate_the_model_sets_back_in_forward_is_warned_about():
         trainer(callbacks=[DropoutRemoval()], max_steps=2).fit(DropoutModule(), loaders("list")[0])
 
 
-def test_a_rate_set_back_by_an_epoch_hook_is_warned_about_and_counted_once(monkeypatch):
-    # a per-epoch schedule in the module's own hook: each epoch's rescan switched it off again, counted it as a
-    # dropout "added to the model since", and said nothing about the part of the epoch it had been on
-    import lightning_speedups.callbacks.dropout_removal as dr
+class Scheduled(RecordingModule):
+    """Sets its dropout rate back in its own epoch-start hook (a per-epoch schedule), or in a step."""
 
-    class Scheduled(RecordingModule):
-        def __init__(self):
-            super().__init__(record=False)
-            self.drop = nn.Dropout(0.3)
+    def __init__(self, in_step: bool = False):
+        super().__init__(record=False)
+        self.drop, self.in_step, self.seen = nn.Dropout(0.3), in_step, []
 
-        def on_train_epoch_start(self):
+    def on_train_epoch_start(self):
+        if not self.in_step:
             self.drop.p = 0.3
 
-        def forward(self, x):
-            return super().forward(self.drop(x))
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        if self.in_step and batch_idx == 1:  # after this step's forward: on from the next step
+            self.drop.p = 0.3
+        return loss
+
+    def forward(self, x):
+        self.seen.append(self.drop.p)
+        return super().forward(self.drop(x))
+
+
+def test_a_rate_set_back_between_epochs_is_counted_once_and_warned_about_only_if_a_step_saw_it(monkeypatch):
+    # each epoch's rescan switched the rate off again, counted it as a dropout "added to the model since", and
+    # said nothing of the steps that had trained with it
+    import lightning_speedups.callbacks.dropout_removal as dr
 
     infos: list[str] = []
     monkeypatch.setattr(dr, "rank_zero_info", infos.append)
+    # set back in the module's epoch-start hook: switched off again before any step, so no step saw it
     cb, model = DropoutRemoval(), Scheduled()
-    with pytest.warns(SpeedupWarning, match=r"set back by the model since the last epoch began \(drop\.p\)"):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*set back", category=SpeedupWarning)
         trainer(callbacks=[cb], max_epochs=3).fit(model, loaders("list", n=32)[0])
-    assert cb.removed == 1 and not any("added to the model since" in m for m in infos)
+    assert model.seen == [0.0] * 6 and not any("added to the model since" in m for m in infos)
     assert model.drop.p == 0.3  # given back at the end, the rate it had first
+    # set back in a step: its epoch's later steps trained with it, and the next epoch's start says so
+    model = Scheduled(in_step=True)
+    with pytest.warns(SpeedupWarning, match=r"set back by the model during the last epoch \(drop\.p\)"):
+        trainer(callbacks=[DropoutRemoval()], max_epochs=2).fit(model, loaders("list", n=48)[0])
+    assert model.seen == [0.0, 0.0, 0.3] * 2
 
 
 def test_start_one_never_removes_and_says_so(monkeypatch):

@@ -552,6 +552,11 @@ def test_a_users_target_technique_says_what_it_touches_through_class_attributes(
         both = [LabelSmoothing(method=method), Relaxation()]
         fit_expecting(both, "LabelSmoothing and Relaxation, which both smooth the targets, act in the same part")
     trainer(callbacks=[LabelSmoothing(end=0.5), Relaxation(start=0.5)], max_steps=2).fit(WithLoss(None), loaders()[0])
+    # one turned off (p=0 or smoothing=0, how compare and sweeps switch a preset's LabelSmoothing off) is no second
+    for off in (LabelSmoothing(p=0.0), LabelSmoothing(smoothing=0.0), Relaxation(p=0.0)):
+        trainer(
+            callbacks=[off, Relaxation() if isinstance(off, LabelSmoothing) else LabelSmoothing()], max_steps=1
+        ).fit(WithLoss(None), loaders()[0])
     # one that changes only the targets was refused integer inputs (token ids), with no hint at the way out
     x, y = image_tensors(16)
     tokens = DataLoader(TensorDataset((x * 10).long(), y), batch_size=8)

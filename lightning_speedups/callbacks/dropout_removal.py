@@ -153,17 +153,21 @@ class DropoutRemoval(SpeedupCallback):
         # epoch's first batch (after the module's own `on_train_epoch_start`, which may be where it grows). Once
         # per epoch, not per batch: a scan of every module costs more than a step of a small model.
         self._rescan = self._done
-
-    def _remove_added(self, pl_module: pl.LightningModule) -> None:
-        back = rates_set_back(pl_module, self._removed)
-        if back:  # e.g. a per-epoch dropout schedule in a hook: on again since some step of the last epoch
+        # before the module's own `on_train_epoch_start` (Lightning calls the callbacks' first): a rate found on
+        # here was set back during the last epoch (in a step, say), and dropout was on for its steps since
+        back = rates_set_back(pl_module, self._removed) if self._done else []
+        if back:
             self._warn_set_back(
                 back,
-                "since the last epoch began",
-                "so that dropout was on again for part of it (switched off again now): does a hook set them?",
+                "during the last epoch",
+                "so that dropout was on again for part of it (switched off again at this epoch's first step): does "
+                "a step or hook set them?",
             )
+
+    def _remove_added(self, pl_module: pl.LightningModule) -> None:
         known = {(id(site.module), site.attribute) for site in self._removed}
-        # the ones set back are switched off again, but they are not new: counted once, restored to the first value
+        # rates set back since the epoch began (a per-epoch schedule in the module's `on_train_epoch_start`) are
+        # switched off again before any step, and are not new: counted once, given back at their first value
         added = [site for site in disable_dropout(pl_module) if (id(site.module), site.attribute) not in known]
         if added:
             self._removed = [*self._removed, *added]

@@ -89,6 +89,10 @@ class LabelSmoothing(TargetTransformCallback):
         return x, smooth_labels(target, self.smoothing, num_classes)
 
     # ------------------------------------------------------------------ checks
+    @property
+    def may_act(self) -> bool:
+        return super().may_act and self.smoothing > 0.0
+
     def check_module(self, pl_module: pl.LightningModule) -> None:
         if self.method == "target":
             check_soft_target_losses(pl_module, "LabelSmoothing(method='target')", smoothing_in_targets=True)
