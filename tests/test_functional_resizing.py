@@ -114,7 +114,8 @@ def test_ffcv_ramp_values_by_hand():
         ((224, 224), 0.5, 4, (112, 112)),
         ((224, 224), 0.51, 4, (116, 116)),  # 114.24 / 4 = 28.56 -> 29 * 4
         ((224, 224), 0.51, 32, (128, 128)),  # 114.2 / 32 = 3.57 -> 4 * 32
-        ((32, 24), 0.75, 4, (24, 16)),  # 24; 18 / 4 = 4.5 rounds half to even -> 16 (each side on its own)
+        ((32, 24), 0.75, 4, (24, 20)),  # 24; 18 / 4 = 4.5 rounds half up -> 20 (half to even gave 16: 1.5:1)
+        ((20, 12), 0.5, 4, (12, 8)),  # 2.5 and 1.5 both up: the sides rounded apart (8 x 8) when halves went to even
         ((30, 30), 0.99, 4, (28, 28)),  # 29.7 -> 28, never above the full side
         ((31, 31), 0.99, 4, (31, 31)),  # 30.69 -> 32 > 31: capped at the full side
         ((30, 30), 1.0, 4, (30, 30)),  # full size is kept even when not a multiple
@@ -140,6 +141,7 @@ def test_resolution_size_is_shorter_side():
     assert resolution_size((256, 256), 160) == (160, 160)
     assert resolution_size((240, 320), 160, 8) == (160, 216)  # 320 * 160 / 240 = 213.3 -> 216
     assert resolution_size((320, 240), 160, 8) == (216, 160)
+    assert resolution_size((16, 20), 8, 4) == (8, 12)  # 10 / 4 = 2.5 rounds up (to even it gave a square, 8 x 8)
     # a square stays square even off the increment (30 would round its "long" side to 32)
     assert resolution_size((30, 30), 30) == (30, 30) and resolution_size((30, 30), 26) == (26, 26)
     # the image's own size at its own shorter side (43 would round to 44, and a crop of 44 cannot fit in 43)

@@ -358,6 +358,7 @@ def test_a_checkpoint_taken_during_validation_stores_the_training_statistics(tmp
     path, weights_only = tmp_path / "during-validation.ckpt", tmp_path / "weights-only.ckpt"
     seen: list[Tensor] = []
     exported: list[dict] = []
+    copies: list[tuple] = []
 
     class SaveDuringValidation(Callback):  # after ProgressiveResizing: the model holds the recalibrated statistics
         def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
@@ -368,6 +369,7 @@ def test_a_checkpoint_taken_during_validation_stores_the_training_statistics(tmp
                 trainer.save_checkpoint(weights_only, weights_only=True)
                 exported.append({k: v.clone() for k, v in pl_module.state_dict().items()})  # as saved then
                 pickle.dumps(pl_module)  # `torch.save(model)` meanwhile: the hook behind this must pickle too
+                copies.append((copy.deepcopy(pl_module), pickle.loads(pickle.dumps(pl_module))))
 
     before = BeforeValidation()
     cb = ProgressiveResizing(0.5, 1.0, 0.0, validation="recalibrate", calibration_batches=2)
@@ -382,6 +384,11 @@ def test_a_checkpoint_taken_during_validation_stores_the_training_statistics(tmp
         torch.load(weights_only, weights_only=False)["state_dict"]["net.bn.running_mean"], state["net.bn.running_mean"]
     )
     assert torch.equal(exported[0]["net.bn.running_mean"], before.means[0])
+    # copies made meanwhile report their own statistics: the hook the callback removes is the original's only,
+    # and a copy's reported that validation's training statistics for good, whatever the copy did after
+    for clone in copies[0]:
+        clone.net.bn.running_mean.add_(1.0)
+        assert torch.equal(clone.state_dict()["net.bn.running_mean"], clone.net.bn.running_mean)
 
 
 def test_recalibration_errors_clearly_and_takes_a_custom_forward():
@@ -630,6 +637,23 @@ def test_logs_scale_and_size():
     assert len(logger.history["progressive_resizing/val_width"]) == 3
 
 
+def test_validation_loaders_of_other_sizes_log_no_single_validation_size():
+    # val_height/val_width named the last loader's size, and labelled the other loaders' metrics with it
+    train, val = loaders("list", n=64, size=SIZE)
+    _, other = loaders("list", n=32, size=SIZE + 8)
+    logger = MemoryLogger()
+
+    class TwoLoaders(SizeRecorder):
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            super().validation_step(batch, batch_idx)
+
+    cb = ProgressiveResizing(0.5, 1.0, 0.0, validation="train_size")
+    with pytest.warns(SpeedupWarning, match="several image sizes.*val_height and val_width.*are not logged"):
+        trainer(callbacks=[cb], max_epochs=2, logger=logger, log_every_n_steps=1).fit(TwoLoaders(), train, [val, other])
+    assert "progressive_resizing/val_height" not in logger.history
+    assert "progressive_resizing/height" in logger.history
+
+
 def test_crop_after_cutmix_is_refused_and_before_it_is_fine():
     from lightning_speedups import CutMix
 
@@ -655,7 +679,8 @@ def test_crop_after_cutmix_is_refused_and_before_it_is_fine():
         ({"delay_fraction": 0.6, "finetune_fraction": 0.5}, r"`delay_fraction \+ finetune_fraction` must be <= 1"),
         ({"delay_fraction": 1.2}, r"`delay_fraction` must be in \[0, 1\]"),
         ({"size_increment": 0}, "`size_increment` must be >= 1, got 0"),
-        ({"size_increment": 2.5}, "`size_increment` must be an int"),
+        ({"size_increment": 2.5}, r"`size_increment` must be an int >= 1, got 2\.5\.$"),  # no "or None": refused
+        ({"size_increment": True}, r"`size_increment` must be an int >= 1, got True\.$"),
         ({"mode": "zoom"}, "`mode` must be one of"),
         ({"interpolation": "area"}, "`interpolation` must be one of"),
         ({"validation": "never"}, "`validation` must be one of"),

@@ -56,16 +56,32 @@ if TYPE_CHECKING:
 _MODES = ("resize", "crop", "pipeline")
 _VALIDATION = ("auto", "train_size", "recalibrate", "full")
 _DEFAULT_SCHEDULE = {"initial_scale": 0.5, "delay_fraction": 0.5, "finetune_fraction": 0.2}
+#: the validation size when batches came at several sizes (loaders of other image sizes)
+_SEVERAL = (-1, -1)
 
 
-def _training_statistics(snapshot: Any, module: nn.Module, state: dict[str, Any], prefix: str, metadata: Any) -> None:
-    """State-dict hook: the BatchNorm statistics ``snapshot`` saved (the training ones) in place of the model's."""
-    state.update((prefix + k, v) for k, v in snapshot.state_dict_entries(module).items() if prefix + k in state)
+class _TrainingStatistics:
+    """State-dict hook: the BatchNorm statistics ``snapshot`` saved (the training ones) in place of the model's.
+
+    A copy of the model (``copy.deepcopy``, a pickle) made meanwhile gets a hook that does nothing: the callback
+    removes only the original's hook, and the copy's would report that validation's statistics for good.
+    """
+
+    def __init__(self, snapshot: Any) -> None:
+        self.snapshot = snapshot
+
+    def __call__(self, module: nn.Module, state: dict[str, Any], prefix: str, metadata: Any) -> None:
+        if self.snapshot is not None:
+            entries = self.snapshot.state_dict_entries(module).items()
+            state.update((prefix + k, v) for k, v in entries if prefix + k in state)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_TrainingStatistics, (None,))
 
 
 def _integer(name: str, value: Any, minimum: int) -> int:
-    if value is None:
-        raise TypeError(f"`{name}` must be an int >= {minimum}, got None.")
+    if value is None or not _checks.is_integral(value):  # `optional_int`'s message would offer None
+        raise TypeError(f"`{name}` must be an int >= {minimum}, got {value!r}.")
     checked = _checks.optional_int(name, value, minimum=minimum)
     assert checked is not None
     return checked
@@ -246,6 +262,7 @@ class ProgressiveResizing(SpeedupCallback):
         self._reduced_step_done = False  # a training step at a reduced size has gone through
         self._full: tuple[int, int] | None = None  # of the last training batch, before resizing
         self._val_size: tuple[int, int] | None = None
+        self._warned_several_val_sizes = False
         self._cache: deque[Tensor] = deque(maxlen=self.calibration_batches)
         self._epoch_counts: dict[tuple[Any, ...], tuple[int, float]] = {}  # pipeline: (steps before, total)
         self._snapshot: Any = None
@@ -404,7 +421,10 @@ class ProgressiveResizing(SpeedupCallback):
         check_image_batch(x, "ProgressiveResizing(validation='train_size')")
         full = (int(x.shape[-2]), int(x.shape[-1]))
         size = self._plan.size_for(full)
-        self._val_size = size
+        if self._val_size is None:
+            self._val_size = size
+        elif self._val_size != size:  # validation loaders of other image sizes: no single size to log
+            self._val_size = _SEVERAL
         if size == full:
             return batch
         target = self.fields.get_target(batch) if self.resize_targets else None
@@ -660,10 +680,8 @@ class ProgressiveResizing(SpeedupCallback):
         self._snapshot = snapshot_batchnorm(pl_module)
         # While validation runs on the recalibrated statistics, the model's state dict (a checkpoint, weights-only
         # ones included, or an export) still holds the training statistics: they are the model's own.
-        # (A module-level function: a model pickled meanwhile pickles its hooks too.)
-        self._state_hook = pl_module.register_state_dict_post_hook(
-            functools.partial(_training_statistics, self._snapshot)
-        )
+        # (A module-level class: a model pickled meanwhile pickles its hooks too.)
+        self._state_hook = pl_module.register_state_dict_post_hook(_TrainingStatistics(self._snapshot))
         forward = self._forward
         unreached: list[nn.Module] = []
         try:
@@ -750,7 +768,15 @@ class ProgressiveResizing(SpeedupCallback):
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._restore()
-        if self._val_size is not None and self.log_knobs and trainer.loggers and not trainer.sanity_checking:
+        if self._val_size is _SEVERAL:
+            if not self._warned_several_val_sizes and not trainer.sanity_checking:
+                self._warned_several_val_sizes = True
+                self.warn(
+                    "validation batches came at several image sizes (validation loaders of other sizes), each "
+                    "brought to the training scale: val_height and val_width, which would name one size, are not "
+                    "logged."
+                )
+        elif self._val_size is not None and self.log_knobs and trainer.loggers and not trainer.sanity_checking:
             # with the metrics just logged, which were taken at this size; not with the training knobs, where it
             # would be the last validation's size at every step until the next
             height, width = self._val_size

@@ -106,7 +106,7 @@ def _check_schedule(initial_scale: float, delay_fraction: float, finetune_fracti
 
 # ---------------------------------------------------------------------------------------------- sizes
 def round_side(full: int, scale: float, size_increment: int = 4) -> int:
-    """``full * scale`` rounded to the nearest multiple of ``size_increment``, within [increment, full].
+    """``full * scale`` rounded to the nearest multiple of ``size_increment`` (halves up), within [increment, full].
 
     A scale of 1 or more gives ``full`` unchanged (even when ``full`` is not a multiple of the increment).
     """
@@ -114,8 +114,14 @@ def round_side(full: int, scale: float, size_increment: int = 4) -> int:
         raise ValueError(f"`size_increment` must be >= 1, got {size_increment!r}.")
     if scale >= 1.0:
         return int(full)
-    side = round(full * scale / size_increment) * size_increment
+    side = _half_up(full * scale / size_increment) * size_increment
     return int(min(full, max(size_increment, side)))
+
+
+def _half_up(x: float) -> int:
+    """``x`` rounded to the nearest integer, halves up: Python's ``round`` sends halves to the even neighbour,
+    so the two sides of an image could round in opposite directions (20 x 12 at scale 0.5 became 8 x 8)."""
+    return math.floor(x + 0.5)
 
 
 def scaled_size(size: Size, scale: float, size_increment: int = 4) -> Size:
@@ -154,7 +160,7 @@ def resolution_size(size: Size, resolution: int, size_increment: int = 4) -> Siz
         return int(resolution), int(resolution)
     if resolution == short:
         return h, w
-    long_side = max(size_increment, round(long * resolution / short / size_increment) * size_increment)
+    long_side = max(size_increment, _half_up(long * resolution / short / size_increment) * size_increment)
     if resolution < short:
         long_side = min(long_side, long)  # rounding up must not make a downsized image wider than the original
     long_side = max(long_side, resolution)  # rounding down must not make the long side the shorter one
