@@ -130,13 +130,17 @@ def test_a_rate_the_model_sets_back_in_forward_is_warned_about():
 
 
 class Scheduled(RecordingModule):
-    """Sets its dropout rate back in its own epoch-start hook (a per-epoch schedule), or in a step."""
+    """Sets its dropout rate back in its own epoch hooks (a per-epoch schedule), or in a step."""
 
     def __init__(self, in_step: bool = False):
         super().__init__(record=False)
         self.drop, self.in_step, self.seen = nn.Dropout(0.3), in_step, []
 
     def on_train_epoch_start(self):
+        if not self.in_step:
+            self.drop.p = 0.3
+
+    def on_train_epoch_end(self):
         if not self.in_step:
             self.drop.p = 0.3
 
@@ -158,7 +162,7 @@ def test_a_rate_set_back_between_epochs_is_counted_once_and_warned_about_only_if
 
     infos: list[str] = []
     monkeypatch.setattr(dr, "rank_zero_info", infos.append)
-    # set back in the module's epoch-start hook: switched off again before any step, so no step saw it
+    # set back in the module's epoch hooks: switched off again before any step, so no step saw it
     cb, model = DropoutRemoval(), Scheduled()
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*set back", category=SpeedupWarning)
@@ -167,7 +171,7 @@ def test_a_rate_set_back_between_epochs_is_counted_once_and_warned_about_only_if
     assert model.drop.p == 0.3  # given back at the end, the rate it had first
     # set back in a step: its epoch's later steps trained with it, and the next epoch's start says so
     model = Scheduled(in_step=True)
-    with pytest.warns(SpeedupWarning, match=r"set back by the model during the last epoch \(drop\.p\)"):
+    with pytest.warns(SpeedupWarning, match=r"set back by the model during this epoch \(drop\.p\)"):
         trainer(callbacks=[DropoutRemoval()], max_epochs=2).fit(model, loaders("list", n=48)[0])
     assert model.seen == [0.0, 0.0, 0.3] * 2
 

@@ -153,16 +153,21 @@ class DropoutRemoval(SpeedupCallback):
         # epoch's first batch (after the module's own `on_train_epoch_start`, which may be where it grows). Once
         # per epoch, not per batch: a scan of every module costs more than a step of a small model.
         self._rescan = self._done
-        # before the module's own `on_train_epoch_start` (Lightning calls the callbacks' first): a rate found on
-        # here was set back during the last epoch (in a step, say), and dropout was on for its steps since
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # before the module's own `on_train_epoch_end` (Lightning calls the callbacks' first), where a per-epoch
+        # schedule may set its rate for the next epoch (switched off again before that epoch's first step): a
+        # rate found on here was set back during this epoch's steps (or its validation), after the check of the
+        # first step after the removal
         back = rates_set_back(pl_module, self._removed) if self._done else []
         if back:
             self._warn_set_back(
                 back,
-                "during the last epoch",
-                "so that dropout was on again for part of it (switched off again at this epoch's first step): does "
-                "a step or hook set them?",
+                "during this epoch",
+                "so that its later steps may have trained with dropout (switched off again at the next epoch's "
+                "first step): does a step or hook set them?",
             )
+        super().on_train_epoch_end(trainer, pl_module)
 
     def _remove_added(self, pl_module: pl.LightningModule) -> None:
         known = {(id(site.module), site.attribute) for site in self._removed}

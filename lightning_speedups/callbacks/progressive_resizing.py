@@ -768,7 +768,7 @@ class ProgressiveResizing(SpeedupCallback):
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._restore()
-        if self._val_size is _SEVERAL:
+        if self._val_size == _SEVERAL:
             if not self._warned_several_val_sizes and not trainer.sanity_checking:
                 self._warned_several_val_sizes = True
                 self.warn(
