@@ -50,7 +50,8 @@ def hard_labels(target: Tensor) -> Tensor:
 
         self.train_acc(logits, hard_labels(y))
     """
-    return target.argmax(dim=-1) if target.is_floating_point() else target
+    # (N,) float class indices are indices too: an argmax over them would make one number of the batch
+    return target.argmax(dim=-1) if target.is_floating_point() and target.ndim >= 2 else target
 
 
 def infer_num_classes(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int | None:
@@ -279,7 +280,7 @@ class TargetTransformCallback(SpeedupCallback):
 
     def draw_active(self, trainer: pl.Trainer) -> bool:
         """In the window, and the per-batch coin with probability ``p`` came up."""
-        if self.p == 0.0 or not self.in_window(trainer):
+        if not self.may_act or not self.in_window(trainer):
             return False
         return self.p == 1.0 or self.batch_random(trainer).random() < self.p
 
@@ -351,7 +352,7 @@ class TargetTransformCallback(SpeedupCallback):
                 f"callback was given num_classes={given}: give them all the number of classes the model's logits "
                 "have."
             )
-        if self.check_loss and self.p > 0.0:  # p=0 turns the callback off: nothing it would change to check
+        if self.check_loss and self.may_act:  # p=0 turns the callback off: nothing it would change to check
             self.check_module(pl_module)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -369,8 +370,15 @@ class TargetTransformCallback(SpeedupCallback):
     def _watch_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Watch the module's torchmetrics metrics for the soft targets: an accuracy fed them reads 0, silently."""
         self._unwatch_metrics()
-        if not self.transforms_batches:
+        # one watch per module: with MixUp and LabelSmoothing, one metric call warned twice
+        sources = [
+            cb
+            for cb in trainer.callbacks
+            if isinstance(cb, TargetTransformCallback) and cb.transforms_batches and cb.may_act
+        ]
+        if not sources or sources[0] is not self:
             return
+        self._metric_sources = ", ".join(dict.fromkeys(type(cb).__name__ for cb in sources))
         from torchmetrics import Metric
 
         self._metric_trainer, self._metric_warned = trainer, False
@@ -390,8 +398,8 @@ class TargetTransformCallback(SpeedupCallback):
         if soft and target.shape[-1] == self._classes:
             self._metric_warned = True
             self.warn(
-                f"the module's {type(metric).__name__} got this callback's class probabilities (N, "
-                f"{self._classes}) as its target during training; a metric such as accuracy needs the labels "
+                f"the module's {type(metric).__name__} got class probabilities (N, {self._classes}) as its target "
+                f"during training (made by {self._metric_sources}); a metric such as accuracy needs the labels "
                 "(on soft targets it reads 0): pass `lightning_speedups.hard_labels(y)`, or keep the labels with "
                 "`hard_target_key=` on a dict batch."
             )
@@ -454,7 +462,7 @@ class TargetTransformCallback(SpeedupCallback):
     def transform_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
         original = batch
         # in full, values too: one device sync; not for a callback that never acts (p=0 turns it off in a config)
-        if not self._checked_first_batch and self.p > 0.0:
+        if not self._checked_first_batch and self.may_act:
             self._check_batch(batch)
             self._checked_first_batch, self._target_kinds = True, {_kind(self._read(batch)[1])}
         if self.hard_target_key is not None:

@@ -190,6 +190,8 @@ def test_hard_labels_for_training_metrics():
     y = model.train_batches[0][1]
     assert hard_labels(batch["label"]) is batch["label"]
     assert hard_labels(y).shape == (16,)
+    float_indices = torch.tensor([1.0, 2.0, 0.0])  # (N,) class indices as floats: indices, not one row
+    assert hard_labels(float_indices) is float_indices
 
 
 def test_a_torchmetrics_metric_fed_the_soft_targets_is_warned_about():
@@ -206,8 +208,14 @@ def test_a_torchmetrics_metric_fed_the_soft_targets_is_warned_about():
             self.train_acc(self(x), hard_labels(y) if self.hard else y)
             return super().training_step(batch, batch_idx)
 
-    with pytest.warns(SpeedupWarning, match=r"MixUp: the module's MulticlassAccuracy got this callback's class prob"):
+    with pytest.warns(SpeedupWarning, match=r"MixUp: the module's MulticlassAccuracy got class probabilities"):
         trainer(callbacks=[MixUp()], max_steps=2).fit(WithAccuracy(hard=False), loaders("list")[0])
+    # two target callbacks, one metric call: one warning, naming both (it came once per callback)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer(callbacks=[MixUp(), LabelSmoothing()], max_steps=2).fit(WithAccuracy(hard=False), loaders("list")[0])
+    said = [str(w.message) for w in caught if "got class probabilities" in str(w.message)]
+    assert len(said) == 1 and "(made by MixUp, LabelSmoothing)" in said[0]
     copies = []
 
     class AlsoDivergence(WithAccuracy):  # a divergence takes probabilities on purpose: no warning for it
@@ -319,6 +327,14 @@ def test_integer_inputs_to_mix():
     train = DataLoader(TensorDataset((x * 50).to(torch.uint8), y), batch_size=16)
     for cb in (MixUp(), CutMix()):
         fit_expecting([cb], "must be floating point; got dtype torch.uint8", train=train)
+
+
+def test_label_smoothing_of_zero_leaves_the_labels_alone():
+    # smoothing=0 (a sweep's value, a config turning it off) handed the step one-hot float targets, and refused
+    # losses it would not otherwise touch: not the run without the callback
+    model = WithLoss(nn.CrossEntropyLoss(ignore_index=255))
+    trainer(callbacks=[LabelSmoothing(smoothing=0.0)], max_steps=1).fit(model, loaders()[0])
+    assert model.train_batches[0][1].dtype == torch.int64 and model.train_batches[0][1].ndim == 1
 
 
 def test_a_callback_turned_off_with_p_0_does_not_check_batches_it_never_changes():

@@ -101,7 +101,7 @@ class LabelSmoothing(TargetTransformCallback):
         super().on_fit_start(trainer, pl_module)
         if self.method != "loss":
             return
-        if self.p == 0.0:  # turned off: no loss to smooth, none to look for
+        if not self.may_act:  # turned off (p=0, smoothing=0): no loss to smooth, none to look for
             self._losses, self._loss_calls = [], None
             return
         # Here rather than in setup: losses built in the module's `configure_model` exist by now.
