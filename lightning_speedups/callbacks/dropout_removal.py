@@ -82,7 +82,7 @@ class DropoutRemoval(SpeedupCallback):
         super().setup(trainer, pl_module, stage)
         if stage == "fit":
             self._removed, self._done, self._rescan, self._given_back = [], False, False, 0
-            self._verify = False
+            self._verify = self._warned_back = False
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -137,6 +137,21 @@ class DropoutRemoval(SpeedupCallback):
                 self._warn_set_back(
                     back, "during the step", "so that dropout is on again: does the model's `forward` set them?"
                 )
+                self._warned_back = True
+        elif self._done and not self.__dict__.get("_warned_back") and _last_step_of_epoch(trainer, batch_idx):
+            # after the epoch's last step, before its validation and the epoch-end hooks (where a per-epoch
+            # schedule may set its rate for the next epoch, switched off again before that epoch's first step):
+            # a rate found on here was set back by a step or a hook since the removal, and later steps trained
+            # with it (the check after the first step after the removal catches only that step's)
+            back = rates_set_back(pl_module, self._removed)
+            if back:
+                self._warn_set_back(
+                    back,
+                    "during this epoch",
+                    "so that its later steps may have trained with dropout (switched off again at the next "
+                    "epoch's first step, if any): does a step or hook set them?",
+                )
+                self._warned_back = True
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def _warn_set_back(self, back: list[DropoutSite], when: str, consequence: str) -> None:
@@ -153,21 +168,6 @@ class DropoutRemoval(SpeedupCallback):
         # epoch's first batch (after the module's own `on_train_epoch_start`, which may be where it grows). Once
         # per epoch, not per batch: a scan of every module costs more than a step of a small model.
         self._rescan = self._done
-
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # before the module's own `on_train_epoch_end` (Lightning calls the callbacks' first), where a per-epoch
-        # schedule may set its rate for the next epoch (switched off again before that epoch's first step): a
-        # rate found on here was set back during this epoch's steps (or its validation), after the check of the
-        # first step after the removal
-        back = rates_set_back(pl_module, self._removed) if self._done else []
-        if back:
-            self._warn_set_back(
-                back,
-                "during this epoch",
-                "so that its later steps may have trained with dropout (switched off again at the next epoch's "
-                "first step): does a step or hook set them?",
-            )
-        super().on_train_epoch_end(trainer, pl_module)
 
     def _remove_added(self, pl_module: pl.LightningModule) -> None:
         known = {(id(site.module), site.attribute) for site in self._removed}
@@ -200,6 +200,11 @@ class DropoutRemoval(SpeedupCallback):
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "removed": self.removed}
+
+
+def _last_step_of_epoch(trainer: pl.Trainer, batch_idx: int) -> bool:
+    """Whether this training batch is the epoch's last: its loader ends, or ``max_steps`` stops the run."""
+    return batch_idx + 1 >= trainer.num_training_batches or 0 <= trainer.max_steps <= trainer.global_step
 
 
 def _hparam_rates(pl_module: pl.LightningModule, handled: set[float]) -> list[str]:
