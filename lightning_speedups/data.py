@@ -593,6 +593,14 @@ class SpeedupDataModule(pl.LightningDataModule):
         for wrapper in self.trainer.callbacks if self.trainer is not None else []:
             if isinstance(wrapper, TrainDataWrapper):
                 wrapped, sampler = wrapper.wrap_train_data(self, wrapped, sampler)
+        per_process = len(sampler) if hasattr(sampler, "__len__") else None
+        if self.drop_last and self.batch_size is not None and per_process is not None and per_process < self.batch_size:
+            processes = self._sampler_context()["num_replicas"]
+            raise ValueError(
+                f"{type(self).__name__}: each training process gets {per_process} samples ({len(dataset)} in the "
+                f"dataset over {processes} process(es)), fewer than batch_size={self.batch_size}, and drop_last=True "
+                "drops that incomplete batch: no step would train. Lower `batch_size`, or set drop_last=False."
+            )
         loader = ResumableDataLoader(
             wrapped,
             batch_size=self.batch_size,
@@ -658,8 +666,28 @@ class SpeedupDataModule(pl.LightningDataModule):
         state.pop("_pending_loader_state", None)
         return state
 
-    def eval_dataloader(self, dataset: Dataset, batch_size: int | None = None) -> DataLoader:
-        """An evaluation loader (no shuffle) with the same worker and memory defaults."""
-        return DataLoader(
-            dataset, batch_size=batch_size or self.batch_size, shuffle=False, **self.loader_kwargs(dataset)
-        )
+    def eval_dataloader(
+        self,
+        dataset: Dataset,
+        batch_size: int | None = None,
+        *,
+        num_workers: int | None = None,
+        persistent_workers: bool | None = None,
+    ) -> DataLoader:
+        """An evaluation loader (no shuffle) with the same worker and memory defaults as training.
+
+        Its workers persist too (``persistent_workers``): between validations they sit idle beside the training
+        loader's, each holding its copy of the dataset, which saves starting them at every validation. Pass
+        ``persistent_workers=False`` (or fewer ``num_workers``) where memory is tight or validation is rare.
+        """
+        kwargs = self.loader_kwargs(dataset)
+        workers = _checks.optional_int("num_workers", num_workers, minimum=0)
+        if workers is not None:
+            kwargs["num_workers"] = workers
+            kwargs.pop("persistent_workers", None)
+            if workers > 0:
+                kwargs["persistent_workers"] = self.persistent_workers
+        keep = _checks.flag("persistent_workers", persistent_workers, optional=True)
+        if keep is not None and kwargs["num_workers"] > 0:
+            kwargs["persistent_workers"] = keep
+        return DataLoader(dataset, batch_size=batch_size or self.batch_size, shuffle=False, **kwargs)

@@ -43,6 +43,32 @@ def test_loader_defaults():
     assert dm.train_dataloader().persistent_workers is False
 
 
+def test_the_evaluation_loader_takes_its_own_worker_settings():
+    # its workers persisted beside the training loader's, idle between validations, with no way to say otherwise
+    dm = ImagesDataModule(num_workers=2)
+    dm.setup("fit")
+    ds = dm.train_dataset
+    assert dm.eval_dataloader(ds).persistent_workers is True and dm.eval_dataloader(ds).num_workers == 2
+    assert dm.eval_dataloader(ds, persistent_workers=False).persistent_workers is False
+    fewer = dm.eval_dataloader(ds, num_workers=1)
+    assert fewer.num_workers == 1 and fewer.persistent_workers is True
+    none = dm.eval_dataloader(ds, num_workers=0, persistent_workers=True)  # no workers: nothing to keep alive
+    assert none.num_workers == 0 and none.persistent_workers is False
+    with pytest.raises(TypeError, match="`persistent_workers` must be True, False or None"):
+        dm.eval_dataloader(ds, persistent_workers="no")
+
+
+def test_a_batch_larger_than_each_process_share_with_drop_last_is_refused():
+    # 5 samples in batches of 8 with drop_last: the fit "trained" 0 batches behind Lightning's generic warnings
+    with pytest.raises(
+        ValueError, match=r"gets 5 samples \(5 in the dataset over 1 process\(es\)\), fewer than batch_size=8"
+    ):
+        trainer(max_epochs=1).fit(IndexModule(), datamodule=IndexedDM(n=5, batch_size=8, drop_last=True))
+    module = IndexModule()
+    trainer(max_epochs=1).fit(module, datamodule=IndexedDM(n=5, batch_size=8))  # without drop_last: one batch
+    assert len(module.seen) == 1
+
+
 def test_a_batch_size_kept_in_hparams_but_not_handed_over_is_warned_about():
     class Kept(SpeedupDataModule):  # a DataModule moved over without passing batch_size to super().__init__
         def __init__(self, batch_size=32, pass_it_on=False):
