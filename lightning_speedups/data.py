@@ -593,14 +593,7 @@ class SpeedupDataModule(pl.LightningDataModule):
         for wrapper in self.trainer.callbacks if self.trainer is not None else []:
             if isinstance(wrapper, TrainDataWrapper):
                 wrapped, sampler = wrapper.wrap_train_data(self, wrapped, sampler)
-        per_process = len(sampler) if hasattr(sampler, "__len__") else None
-        if self.drop_last and self.batch_size is not None and per_process is not None and per_process < self.batch_size:
-            processes = self._sampler_context()["num_replicas"]
-            raise ValueError(
-                f"{type(self).__name__}: each training process gets {per_process} samples ({len(dataset)} in the "
-                f"dataset over {processes} process(es)), fewer than batch_size={self.batch_size}, and drop_last=True "
-                "drops that incomplete batch: no step would train. Lower `batch_size`, or set drop_last=False."
-            )
+        self._check_a_batch_fits(dataset, sampler)
         loader = ResumableDataLoader(
             wrapped,
             batch_size=self.batch_size,
@@ -610,6 +603,22 @@ class SpeedupDataModule(pl.LightningDataModule):
             speedups_datamodule=self,  # which registers it (`_adopt_train_loader`)
         )
         return loader
+
+    def _check_a_batch_fits(self, dataset: Dataset, sampler: Sampler) -> None:
+        """``drop_last`` with fewer samples per process than a batch: no step would train, and Lightning's own
+        warnings ("length ... is zero", "No training batches") do not say why. A warning, not an error: the trials
+        of Lightning's ``BatchSizeFinder`` (which hide the callbacks) double the batch past the dataset's length."""
+        per_process = len(sampler) if hasattr(sampler, "__len__") else None
+        if not self.drop_last or self.batch_size is None or per_process is None or per_process >= self.batch_size:
+            return
+        processes = self._sampler_context()["num_replicas"]
+        rank_zero_warn(
+            f"{type(self).__name__}: each training process gets {per_process} samples ({len(dataset)} in the dataset "
+            f"over {processes} process(es)), fewer than batch_size={self.batch_size}, and drop_last=True drops that "
+            "incomplete batch: no step trains. Lower `batch_size`, or set drop_last=False (a BatchSizeFinder, which "
+            "doubles the batch up to the dataset's length, can overshoot each process's share).",
+            category=SpeedupWarning,
+        )
 
     def _check_batch_size_hparam(self) -> None:
         """A subclass whose ``__init__`` takes ``batch_size`` (saved in its hparams) without handing it to

@@ -58,14 +58,18 @@ def test_the_evaluation_loader_takes_its_own_worker_settings():
         dm.eval_dataloader(ds, persistent_workers="no")
 
 
-def test_a_batch_larger_than_each_process_share_with_drop_last_is_refused():
+def test_a_batch_larger_than_each_process_share_with_drop_last_is_said():
     # 5 samples in batches of 8 with drop_last: the fit "trained" 0 batches behind Lightning's generic warnings
-    with pytest.raises(
-        ValueError, match=r"gets 5 samples \(5 in the dataset over 1 process\(es\)\), fewer than batch_size=8"
-    ):
-        trainer(max_epochs=1).fit(IndexModule(), datamodule=IndexedDM(n=5, batch_size=8, drop_last=True))
     module = IndexModule()
-    trainer(max_epochs=1).fit(module, datamodule=IndexedDM(n=5, batch_size=8))  # without drop_last: one batch
+    with pytest.warns(
+        SpeedupWarning, match=r"gets 5 samples \(5 in the dataset over 1 process\(es\)\), fewer than batch_size=8"
+    ):
+        trainer(max_epochs=1).fit(module, datamodule=IndexedDM(n=5, batch_size=8, drop_last=True))
+    assert module.seen == []
+    module = IndexModule()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*fewer than batch_size", category=SpeedupWarning)
+        trainer(max_epochs=1).fit(module, datamodule=IndexedDM(n=5, batch_size=8))  # without drop_last: one batch
     assert len(module.seen) == 1
 
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningModule, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor, nn
+from torch.utils.data import DataLoader
 
 from lightning_speedups import DropoutRemoval, SpeedupWarning
 from lightning_speedups.functional import find_dropout
@@ -174,6 +175,25 @@ def test_a_rate_set_back_between_epochs_is_counted_once_and_warned_about_only_if
     with pytest.warns(SpeedupWarning, match=r"set back by the model during this epoch \(drop\.p\)"):
         trainer(callbacks=[DropoutRemoval()], max_epochs=2).fit(model, loaders("list", n=48)[0])
     assert model.seen == [0.0, 0.0, 0.3] * 2
+
+
+def test_a_rate_set_back_is_warned_about_in_epochs_that_end_unannounced():
+    # the check after "the epoch's last step" never ran for a loader of unknown length or an epoch stopped early
+    from lightning.pytorch.callbacks import Callback
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(list(loaders("list", n=48)[0]))
+
+    class StopAtThree(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            trainer.should_stop = batch_idx == 2
+
+    for train, extra in ((DataLoader(Stream(), batch_size=None), []), (loaders("list", n=96)[0], [StopAtThree()])):
+        model = Scheduled(in_step=True)
+        with pytest.warns(SpeedupWarning, match=r"set back by the model during this epoch \(drop\.p\)"):
+            trainer(callbacks=[DropoutRemoval(), *extra], max_epochs=1).fit(model, train)
+        assert model.seen == [0.0, 0.0, 0.3]
 
 
 def test_start_one_never_removes_and_says_so(monkeypatch):

@@ -139,6 +139,7 @@ class DropoutRemoval(SpeedupCallback):
                 )
                 self._warned_back = True
         elif self._done and not self.__dict__.get("_warned_back") and _last_step_of_epoch(trainer, batch_idx):
+            self._checked_epoch = True
             # after the epoch's last step, before its validation and the epoch-end hooks (where a per-epoch
             # schedule may set its rate for the next epoch, switched off again before that epoch's first step):
             # a rate found on here was set back by a step or a hook since the removal, and later steps trained
@@ -154,6 +155,21 @@ class DropoutRemoval(SpeedupCallback):
                 self._warned_back = True
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # an epoch whose last step was not known ahead (a loader of unknown length) or that stopped early
+        # (`should_stop`, `max_time`): checked here, before the module's own `on_train_epoch_end`
+        if self._done and not self.__dict__.get("_warned_back") and not self.__dict__.get("_checked_epoch"):
+            back = rates_set_back(pl_module, self._removed)
+            if back:
+                self._warn_set_back(
+                    back,
+                    "during this epoch",
+                    "so that its later steps may have trained with dropout (switched off again at the next "
+                    "epoch's first step, if any): does a step or hook set them?",
+                )
+                self._warned_back = True
+        super().on_train_epoch_end(trainer, pl_module)
+
     def _warn_set_back(self, back: list[DropoutSite], when: str, consequence: str) -> None:
         names = ", ".join(f"{site.name or '(model)'}.{site.attribute}" for site in back[:5])
         self.warn(
@@ -168,6 +184,7 @@ class DropoutRemoval(SpeedupCallback):
         # epoch's first batch (after the module's own `on_train_epoch_start`, which may be where it grows). Once
         # per epoch, not per batch: a scan of every module costs more than a step of a small model.
         self._rescan = self._done
+        self._checked_epoch = False
 
     def _remove_added(self, pl_module: pl.LightningModule) -> None:
         known = {(id(site.module), site.attribute) for site in self._removed}
