@@ -71,6 +71,8 @@ class DropoutRemoval(SpeedupCallback):
         self._given_back = 0  # how many the last fit switched off, after it put them back
         self._done = False
         self._rescan = False  # a new epoch began after the removal: look for dropouts added since
+        self._verify = self._warned_back = self._checked_epoch = False  # the checks for rates set back
+        self._last_index, self._max_steps = math.inf, -1
 
     @property
     def removed(self) -> int:
@@ -82,7 +84,8 @@ class DropoutRemoval(SpeedupCallback):
         super().setup(trainer, pl_module, stage)
         if stage == "fit":
             self._removed, self._done, self._rescan, self._given_back = [], False, False, 0
-            self._verify = self._warned_back = False
+            self._verify = self._warned_back = self._checked_epoch = False
+            self._last_index, self._max_steps = math.inf, -1  # until the first epoch starts
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -130,7 +133,7 @@ class DropoutRemoval(SpeedupCallback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.__dict__.get("_verify"):
+        if self._verify:
             self._verify = False
             back = rates_set_back(pl_module, self._removed)
             if back:
@@ -138,7 +141,11 @@ class DropoutRemoval(SpeedupCallback):
                     back, "during the step", "so that dropout is on again: does the model's `forward` set them?"
                 )
                 self._warned_back = True
-        elif self._done and not self.__dict__.get("_warned_back") and _last_step_of_epoch(trainer, batch_idx):
+        elif (
+            self._done
+            and not self._warned_back
+            and (batch_idx >= self._last_index or 0 <= self._max_steps <= trainer.global_step)
+        ):  # the epoch's last step: its loader ends, or `max_steps` stops the run (worked out at the epoch start)
             self._checked_epoch = True
             # after the epoch's last step, before its validation and the epoch-end hooks (where a per-epoch
             # schedule may set its rate for the next epoch, switched off again before that epoch's first step):
@@ -158,7 +165,7 @@ class DropoutRemoval(SpeedupCallback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # an epoch whose last step was not known ahead (a loader of unknown length) or that stopped early
         # (`should_stop`, `max_time`): checked here, before the module's own `on_train_epoch_end`
-        if self._done and not self.__dict__.get("_warned_back") and not self.__dict__.get("_checked_epoch"):
+        if self._done and not self._warned_back and not self._checked_epoch:
             back = rates_set_back(pl_module, self._removed)
             if back:
                 self._warn_set_back(
@@ -185,6 +192,8 @@ class DropoutRemoval(SpeedupCallback):
         # per epoch, not per batch: a scan of every module costs more than a step of a small model.
         self._rescan = self._done
         self._checked_epoch = False
+        # for the check after the epoch's last step: read once here, not at every step
+        self._last_index, self._max_steps = trainer.num_training_batches - 1, trainer.max_steps
 
     def _remove_added(self, pl_module: pl.LightningModule) -> None:
         known = {(id(site.module), site.attribute) for site in self._removed}
@@ -217,11 +226,6 @@ class DropoutRemoval(SpeedupCallback):
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "removed": self.removed}
-
-
-def _last_step_of_epoch(trainer: pl.Trainer, batch_idx: int) -> bool:
-    """Whether this training batch is the epoch's last: its loader ends, or ``max_steps`` stops the run."""
-    return batch_idx + 1 >= trainer.num_training_batches or 0 <= trainer.max_steps <= trainer.global_step
 
 
 def _hparam_rates(pl_module: pl.LightningModule, handled: set[float]) -> list[str]:

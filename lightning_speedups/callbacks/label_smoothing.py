@@ -91,7 +91,7 @@ class LabelSmoothing(TargetTransformCallback):
     # ------------------------------------------------------------------ checks
     @property
     def may_act(self) -> bool:
-        return super().may_act and self.smoothing > 0.0
+        return self.p > 0.0 and self.smoothing > 0.0  # read at every batch: no super() call
 
     def check_module(self, pl_module: pl.LightningModule) -> None:
         if self.method == "target":
