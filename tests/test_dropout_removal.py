@@ -152,7 +152,8 @@ class Scheduled(RecordingModule):
         return loss
 
     def forward(self, x):
-        self.seen.append(self.drop.p)
+        if self.training:  # the rates training steps ran with
+            self.seen.append(self.drop.p)
         return super().forward(self.drop(x))
 
 
@@ -194,6 +195,35 @@ def test_a_rate_set_back_is_warned_about_in_epochs_that_end_unannounced():
         with pytest.warns(SpeedupWarning, match=r"set back by the model during this epoch \(drop\.p\)"):
             trainer(callbacks=[DropoutRemoval(), *extra], max_epochs=1).fit(model, train)
         assert model.seen == [0.0, 0.0, 0.3]
+
+
+def test_a_rate_a_validation_hook_sets_back_is_not_taken_for_one_steps_trained_with(tmp_path):
+    # a schedule in `on_validation_epoch_end`: no step trains with it (the next epoch's first step switches it
+    # off), yet the epoch-end check ran after validation when the removal came at the epoch's last step, or in
+    # an epoch resumed mid-way (which gets no `on_train_epoch_start`, where its last step was worked out)
+    class ValSchedule(Scheduled):
+        def on_train_epoch_start(self):
+            pass
+
+        def on_train_epoch_end(self):
+            pass
+
+        def on_validation_epoch_end(self):
+            self.drop.p = 0.3
+
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*set back", category=SpeedupWarning)
+        model = ValSchedule()  # 4 steps an epoch; removed at step 3 of 8, the first epoch's last
+        trainer(callbacks=[DropoutRemoval(start=0.375), ckpt], max_epochs=2, enable_checkpointing=True).fit(
+            model, *loaders("list", n=64)
+        )
+        assert model.seen == [0.3] * 3 + [0.0] * 5
+        resumed = ValSchedule()
+        trainer(callbacks=[DropoutRemoval()], max_epochs=2).fit(
+            resumed, *loaders("list", n=64), ckpt_path=tmp_path / "epoch=0-step=2.ckpt"
+        )
+        assert resumed.seen == [0.0] * 6
 
 
 def test_start_one_never_removes_and_says_so(monkeypatch):

@@ -89,6 +89,8 @@ class DropoutRemoval(SpeedupCallback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
+        # a fit resumed mid-epoch gets no `on_train_epoch_start` for that epoch: its last step is known from here
+        self._last_index, self._max_steps = trainer.num_training_batches - 1, trainer.max_steps
         # Here rather than in setup: modules built in `configure_model` exist by now.
         if self.start >= 1.0:  # progress stays below 1 through the last step: a setting that turns it off
             rank_zero_info("DropoutRemoval(start=1.0) never removes dropout: the last step is at progress < 1.")
@@ -135,6 +137,8 @@ class DropoutRemoval(SpeedupCallback):
     ) -> None:
         if self._verify:
             self._verify = False
+            # the epoch's last step too: the epoch-end fallback would come after its validation
+            self._checked_epoch = batch_idx >= self._last_index or 0 <= self._max_steps <= trainer.global_step
             back = rates_set_back(pl_module, self._removed)
             if back:
                 self._warn_set_back(
