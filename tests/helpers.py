@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections import namedtuple
 from dataclasses import dataclass
 from typing import Any
@@ -207,9 +208,15 @@ def cosine_over_the_run(module: pl.LightningModule, lr: float = 0.1) -> Any:
     return [optimizer], [{"scheduler": scheduler, "interval": "step"}]
 
 
+#: where trainers write what they write by default (a tuner's temporary checkpoints, a checkpoint without
+#: `dirpath`): not the folder the tests run from, where a tuner that failed left its `.scale_batch_size_*.ckpt`
+_ROOT_DIR = tempfile.mkdtemp(prefix="lightning-speedups-tests-")
+
+
 def trainer(**kwargs: Any) -> pl.Trainer:
     """A quiet CPU trainer."""
     defaults: dict[str, Any] = {
+        "default_root_dir": _ROOT_DIR,
         "accelerator": "cpu",
         "devices": 1,
         "max_epochs": 1,

@@ -89,7 +89,7 @@ def test_no_warmup_and_small_batches():
 
 def test_factor_at_a_fractional_update_interpolates_the_ramp():
     # an epoch warmup whose updates per epoch changed is at a fractional update of its current length
-    assert warmup_factor(Fraction(3, 2), 4, scale=3.0) == pytest.approx(1.75)
+    assert warmup_factor(Fraction(3, 2), 4, scale=3.0) == pytest.approx(1.75)  # 1 + (3 - 1) * 1.5 / 4
     assert warmup_factor(2.5, 4, scale=3.0, start="zero") == pytest.approx(3.0 * 3.5 / 5)
     assert warmup_factor(Fraction(4), 4, scale=3.0) == 3.0
     whole = [warmup_factor(t, 4, 3.0) for t in range(5)]

@@ -174,10 +174,10 @@ def test_cpu_seconds_counts_a_finished_worker_once():
     assert abs(second - first) < 0.1
 
 
-def _burn_cpu_then_wait(seconds, done):
+def _burn_cpu_then_wait(seconds, done, read):
     _burn_cpu(seconds)
     done.set()
-    time.sleep(0.5)  # alive, its work done, while the parent reads the time
+    read.wait(60)  # alive, its work done, until the parent has read the time (a sleep raced a slow parent)
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads live workers from /proc")
@@ -187,12 +187,13 @@ def test_cpu_seconds_keeps_a_forkserver_workers_time_after_it_exits():
     from lightning_speedups.meter import cpu_seconds
 
     ctx = multiprocessing.get_context("forkserver")
-    done = ctx.Event()
-    child = ctx.Process(target=_burn_cpu_then_wait, args=(0.3, done))
+    done, read = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_burn_cpu_then_wait, args=(0.3, done, read))
     before = cpu_seconds()
     child.start()
     assert done.wait(60)
     while_alive = cpu_seconds()  # its time, read from /proc
+    read.set()
     child.join()  # the fork server, not this process, reaps it: RUSAGE_CHILDREN never gets its time
     after = cpu_seconds()
     assert while_alive - before >= 0.25

@@ -116,7 +116,15 @@ def test_recalibration_decided_alike_on_every_rank():
     """Rank 1's 4 x 4 images are at full size even at scale 0.5, rank 0's are not: both must still recalibrate
     (pooling is a collective), or rank 0 waits for rank 1 until the process group times out."""
     cb = ProgressiveResizing(0.5, 0.5, 0.0, validation="recalibrate", calibration_batches=1)
+
+    class RecalibratedOnEveryRank(Callback):  # not only no hang: each rank recalibrated, as often as the other
+        def on_train_end(self, trainer, pl_module):
+            counts = [None, None]
+            dist.all_gather_object(counts, cb.recalibrations)
+            assert counts[0] == counts[1] > 0, counts
+
     strategy = DDPStrategy(start_method="fork", timeout=timedelta(seconds=60))  # a regression fails, not hangs
-    t = trainer(strategy=strategy, devices=2, max_epochs=2, val_check_interval=2, callbacks=[cb])
+    callbacks = [cb, RecalibratedOnEveryRank()]
+    t = trainer(strategy=strategy, devices=2, max_epochs=2, val_check_interval=2, callbacks=callbacks)
     t.fit(SizeRecorder(), datamodule=TwoSizesData(batch_size=2, shuffle=False))
     assert t.state.finished

@@ -196,7 +196,7 @@ class SizedModule(RecordingModule):
         return loaders(n=8)[1]
 
 
-def test_batch_size_finder_trials_see_untransformed_batches():
+def test_batch_size_finder_trials_see_untransformed_batches(tmp_path):
     # The finder runs its trials with `trainer.callbacks` swapped out: they must measure the batches as they
     # come (a size found on, say, shrunken images would not fit at full size), and the real run resumes ours.
     from lightning.pytorch.callbacks import BatchSizeFinder
@@ -204,7 +204,7 @@ def test_batch_size_finder_trials_see_untransformed_batches():
     probe = SizeProbe(1.0, [])
     probe.sizes = []
     finder = BatchSizeFinder(mode="power", init_val=2, steps_per_trial=1, max_trials=3)
-    t = trainer(callbacks=[finder, probe], max_steps=2)
+    t = trainer(callbacks=[finder, probe], max_steps=2, default_root_dir=tmp_path)  # its temporary checkpoint
     t.fit(SizedModule())
     assert finder.optimal_batch_size == 8
     assert probe.sizes == [8, 8]  # the two real steps only: none of the trials' 2, 4, 8

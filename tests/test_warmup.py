@@ -563,13 +563,13 @@ def test_initial_reference_is_the_batch_asked_for_before_the_tuners_search(tmp_p
     assert cb.scale == 1.0
 
 
-def test_an_lr_find_alone_leaves_the_next_fit_to_read_its_batch():
+def test_an_lr_find_alone_leaves_the_next_fit_to_read_its_batch(tmp_path):
     # an lr_find with no batch search before it kept its reference (4) for a fit at another batch (16): x4
     from lightning.pytorch.tuner import Tuner
 
     module = WarmupModule("cosine", batch_size=4)
     cb = LinearScalingWarmup("initial", warmup=4, warmup_unit="steps")
-    t = trainer(callbacks=[cb], max_epochs=1)
+    t = trainer(callbacks=[cb], max_epochs=1, default_root_dir=tmp_path)  # the finder's temporary checkpoint
     Tuner(t).lr_find(module, num_training=3, update_attr=False)
     module.batch_size = 16
     t.fit(module)
@@ -897,6 +897,7 @@ def test_a_warmup_longer_than_training_warns(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error", SpeedupWarning)
         fit(WarmupModule("none"), [LinearScalingWarmup(1024, warmup=100, warmup_unit="steps")], max_epochs=1)
+    # 16 per device x 1 x 1 over a reference of 1024 = 0.015625, printed with 4 significant digits
     assert "learning rate x 0.01562 (linear rule, reference 1024), no warmup (nothing to ramp up to" in said[0]
     with pytest.warns(SpeedupWarning, match=r"is longer than training"):  # from zero, the ramp is real
         fit(
