@@ -930,7 +930,9 @@ register(
         "holds, and small datasets (few updates per epoch). Runs on one device: Lightning's BatchSizeFinder refuses "
         "distributed strategies; find the batch here, then give it to a multi-device run with LinearScalingWarmup. "
         "To resume from a checkpoint, drop the finder (`BatchSizeFinder=None`) and set the batch it found: Lightning's "
-        "finder would discard the checkpoint's training state (LinearScalingWarmup refuses that combination).",
+        "finder would discard the checkpoint's training state (LinearScalingWarmup refuses that combination). "
+        "Lightning builds the schedulers before the search: a schedule sized from `estimated_stepping_batches` keeps "
+        "the length it had at the batch asked for; for one, find the batch first, then train without the finder.",
         [("BatchSizeFinder", {"mode": "power", "steps_per_trial": 3}), _WARMUP],
         requires="A `batch_size` attribute on the LightningModule or the DataModule (SpeedupDataModule has one); "
         "one device (Lightning's BatchSizeFinder refuses distributed runs).",
