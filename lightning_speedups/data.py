@@ -691,12 +691,9 @@ class SpeedupDataModule(pl.LightningDataModule):
         """
         kwargs = self.loader_kwargs(dataset)
         workers = _checks.optional_int("num_workers", num_workers, minimum=0)
-        if workers is not None:
-            kwargs["num_workers"] = workers
-            kwargs.pop("persistent_workers", None)
-            if workers > 0:
-                kwargs["persistent_workers"] = self.persistent_workers
         keep = _checks.flag("persistent_workers", persistent_workers, optional=True)
-        if keep is not None and kwargs["num_workers"] > 0:
-            kwargs["persistent_workers"] = keep
+        kwargs["num_workers"] = kwargs["num_workers"] if workers is None else workers
+        kwargs.pop("persistent_workers", None)  # a DataLoader without workers refuses it
+        if kwargs["num_workers"] > 0:
+            kwargs["persistent_workers"] = self.persistent_workers if keep is None else keep
         return DataLoader(dataset, batch_size=batch_size or self.batch_size, shuffle=False, **kwargs)

@@ -872,38 +872,28 @@ def test_first_batch_check_of_a_0d_or_non_tensor_target():
     fit_expecting([MixUp()], r"needs a tensor target, got list.*torch\.as_tensor", train=as_list)
 
 
+def _dict_batches(x, y, build):
+    """Batches of 4 that `build(inputs, labels)` turns into a dict of the caller's shape."""
+    return DataLoader(
+        TensorDataset(x, y),
+        batch_size=4,
+        collate_fn=lambda s: build(torch.stack([a for a, _ in s]), torch.stack([b for _, b in s])),
+    )
+
+
 def test_a_nested_input_or_target_points_to_a_getter_not_to_a_key():
     # {"inputs": {"image": x}, ...}: no `input_key` reaches the image, so the message must not stop at one
     x, y = image_tensors(8)
-    nested = DataLoader(
-        TensorDataset(x, y),
-        batch_size=4,
-        collate_fn=lambda s: {
-            "inputs": {"image": torch.stack([a for a, _ in s])},
-            "label": torch.stack([b for _, b in s]),
-        },
-    )
+    nested = _dict_batches(x, y, lambda xs, ys: {"inputs": {"image": xs}, "label": ys})
     fit_expecting([MixUp()], r"tensor input, got dict.*nested dict: pass `batch_getter`/`batch_setter`", train=nested)
-    as_tuple = DataLoader(
-        TensorDataset(x, y),
-        batch_size=4,
-        collate_fn=lambda s: {"x": torch.stack([a for a, _ in s]), "y": (torch.stack([b for _, b in s]),)},
-    )
+    as_tuple = _dict_batches(x, y, lambda xs, ys: {"x": xs, "y": (ys,)})
     fit_expecting([LabelSmoothing()], r"tensor target, got tuple.*nested tuple", train=as_tuple)
 
 
 def test_a_dict_with_two_conventional_input_names_is_refused_not_guessed():
     # {"x": coordinates, "image": pixels}: the first name in the list ("x") was mixed and the images were not
     x, y = image_tensors(8)
-    both = DataLoader(
-        TensorDataset(x, y),
-        batch_size=4,
-        collate_fn=lambda s: {
-            "x": torch.zeros(len(s), 2),
-            "image": torch.stack([a for a, _ in s]),
-            "label": torch.stack([b for _, b in s]),
-        },
-    )
+    both = _dict_batches(x, y, lambda xs, ys: {"x": torch.zeros(len(xs), 2), "image": xs, "label": ys})
     fit_expecting([MixUp()], r"several fields that could be the input: 'x', 'image'.*input_key=", train=both)
 
 

@@ -138,48 +138,36 @@ class DropoutRemoval(SpeedupCallback):
         if self._verify:
             self._verify = False
             # the epoch's last step too: the epoch-end fallback would come after its validation
-            self._checked_epoch = batch_idx >= self._last_index or 0 <= self._max_steps <= trainer.global_step
-            back = rates_set_back(pl_module, self._removed)
-            if back:
-                self._warn_set_back(
-                    back, "during the step", "so that dropout is on again: does the model's `forward` set them?"
-                )
-                self._warned_back = True
-        elif (
-            self._done
-            and not self._warned_back
-            and (batch_idx >= self._last_index or 0 <= self._max_steps <= trainer.global_step)
-        ):  # the epoch's last step: its loader ends, or `max_steps` stops the run (worked out at the epoch start)
-            self._checked_epoch = True
+            self._checked_epoch = self._last_step(trainer, batch_idx)
+            self._check_set_back(
+                pl_module, "during the step", "so that dropout is on again: does the model's `forward` set them?"
+            )
+        elif self._done and not self._warned_back and self._last_step(trainer, batch_idx):
             # after the epoch's last step, before its validation and the epoch-end hooks (where a per-epoch
             # schedule may set its rate for the next epoch, switched off again before that epoch's first step):
             # a rate found on here was set back by a step or a hook since the removal, and later steps trained
             # with it (the check after the first step after the removal catches only that step's)
-            back = rates_set_back(pl_module, self._removed)
-            if back:
-                self._warn_set_back(
-                    back,
-                    "during this epoch",
-                    "so that its later steps may have trained with dropout (switched off again at the next "
-                    "epoch's first step, if any): does a step or hook set them?",
-                )
-                self._warned_back = True
+            self._checked_epoch = True
+            self._check_set_back(pl_module, "during this epoch", _LATER_STEPS)
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # an epoch whose last step was not known ahead (a loader of unknown length) or that stopped early
         # (`should_stop`, `max_time`): checked here, before the module's own `on_train_epoch_end`
         if self._done and not self._warned_back and not self._checked_epoch:
-            back = rates_set_back(pl_module, self._removed)
-            if back:
-                self._warn_set_back(
-                    back,
-                    "during this epoch",
-                    "so that its later steps may have trained with dropout (switched off again at the next "
-                    "epoch's first step, if any): does a step or hook set them?",
-                )
-                self._warned_back = True
+            self._check_set_back(pl_module, "during this epoch", _LATER_STEPS)
         super().on_train_epoch_end(trainer, pl_module)
+
+    def _last_step(self, trainer: pl.Trainer, batch_idx: int) -> bool:
+        """The epoch's last step: its loader ends, or ``max_steps`` stops the run (read at the epoch start)."""
+        return batch_idx >= self._last_index or 0 <= self._max_steps <= trainer.global_step
+
+    def _check_set_back(self, pl_module: pl.LightningModule, when: str, consequence: str) -> None:
+        """Warn (once per fit) about the rates switched off that the model has set back."""
+        back = rates_set_back(pl_module, self._removed)
+        if back:
+            self._warn_set_back(back, when, consequence)
+            self._warned_back = True
 
     def _warn_set_back(self, back: list[DropoutSite], when: str, consequence: str) -> None:
         names = ", ".join(f"{site.name or '(model)'}.{site.attribute}" for site in back[:5])
@@ -230,6 +218,13 @@ class DropoutRemoval(SpeedupCallback):
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "removed": self.removed}
+
+
+#: what a rate set back during an epoch's steps means
+_LATER_STEPS = (
+    "so that its later steps may have trained with dropout (switched off again at the next epoch's first step, if "
+    "any): does a step or hook set them?"
+)
 
 
 def _hparam_rates(pl_module: pl.LightningModule, handled: set[float]) -> list[str]:
