@@ -231,6 +231,7 @@ class EpochListSampler(DistributedSampler):
         self.set_epoch(epoch)
         self._skip = 0
         self._cache: tuple[int, np.ndarray] | None = None
+        self.iterated = False  # whether a loader has drawn from it yet (`retime`)
 
     def skip_next(self, n: int) -> None:
         """Skip the first ``n`` indices of this rank's next pass (a run resumed mid-epoch)."""
@@ -257,7 +258,16 @@ class EpochListSampler(DistributedSampler):
         self._cache = (epoch, indices)
         return indices
 
+    def retime(self, total_steps: float) -> None:
+        """Pace over ``total_steps`` instead of the total the plan's clock assumed; only before any draw."""
+        if self.iterated:
+            raise RuntimeError("The sampler's epoch list is drawn: a new run length would change it mid-epoch.")
+        if self.plan.clock is not None:
+            self.plan.clock = dataclasses.replace(self.plan.clock, total_steps=float(total_steps))
+        self._cache = None
+
     def __iter__(self) -> Iterator[int]:
+        self.iterated = True
         skip, self._skip = self._skip, 0
         indices = self.rank_indices()[skip:]
         return itertools.chain.from_iterable(indices[i : i + _CHUNK].tolist() for i in range(0, len(indices), _CHUNK))
@@ -382,6 +392,12 @@ def datamodule_seed(datamodule: Any) -> int:
 
 def training_plan(trainer: pl.Trainer) -> SamplingPlan | None:
     """The :class:`SamplingPlan` behind the trainer's training loader, if it uses an :class:`EpochListSampler`."""
+    sampler = training_sampler(trainer)
+    return None if sampler is None else sampler.plan
+
+
+def training_sampler(trainer: pl.Trainer) -> EpochListSampler | None:
+    """The :class:`EpochListSampler` of the trainer's training loader, if it uses one."""
     loader = getattr(trainer, "train_dataloader", None)
     for candidate in (
         getattr(loader, "sampler", None),
@@ -393,7 +409,7 @@ def training_plan(trainer: pl.Trainer) -> SamplingPlan | None:
                 break
             candidate = candidate.__dict__.get("sampler")
         if isinstance(candidate, EpochListSampler):
-            return candidate.plan
+            return candidate
     return None
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import seed_everything
-from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler, LambdaCallback, ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -386,10 +386,11 @@ def test_a_resume_around_a_reload_with_another_length_paces_as_the_uninterrupted
 class TwoOptimizerIndexModel(IndexModel):
     """Manual optimization with two optimizers: Lightning counts two global steps per batch."""
 
-    def __init__(self, n: int = 80) -> None:
+    def __init__(self, n: int = 80, read_run_length: bool = False) -> None:
         super().__init__(n)
         self.automatic_optimization = False
         self.other = nn.Linear(1, 4)
+        self.read_run_length = read_run_length
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -401,14 +402,18 @@ class TwoOptimizerIndexModel(IndexModel):
             opt.step()
 
     def configure_optimizers(self):
+        if self.read_run_length:  # builds the training loader before the optimizers exist (the OneCycle pattern)
+            assert self.trainer.estimated_stepping_batches == 20
         return torch.optim.SGD(self.net.parameters(), lr=0.1), torch.optim.SGD(self.other.parameters(), lr=0.1)
 
 
-def test_pacing_under_manual_optimization_with_several_optimizers_reaches_all_the_data_at_max_steps():
+@pytest.mark.parametrize("read_run_length", [False, True])
+def test_pacing_under_manual_optimization_with_several_optimizers_reaches_all_the_data_at_max_steps(read_run_length):
     cur = CurriculumOrdering("linear", start_fraction=0.1, full_at=1.0)
+    model = TwoOptimizerIndexModel(read_run_length=read_run_length)
     with warnings.catch_warnings():
         warnings.simplefilter("error", SpeedupWarning)  # the pacing's clock agrees with the trainer's run
-        model, t = fit([cur], model=TwoOptimizerIndexModel(), max_epochs=10, max_steps=20)  # 10 batches
+        model, t = fit([cur], model=model, max_epochs=10, max_steps=20)  # 10 batches
     assert len(model.seen) == 10 and t.global_step == 20
     rank = ranks(np.argsort(np.random.default_rng(1).permutation(80).astype(float)))
     pools = [math.ceil(80 * (0.1 + 0.9 * b / 10)) for b in range(10)]  # linear over the run's 10 batches
@@ -757,6 +762,13 @@ def test_bad_arguments_fail_at_construction(make, error, match):
         make()
 
 
+def test_task_order_may_be_a_generator():
+    # taken once: the check of its items must not spend it
+    assert CurriculumOrdering(task_order=(t for t in [2, 0, 1])).task_order == [2, 0, 1]
+    with pytest.raises(ValueError, match=r"list each task once, got \[1, 1\]"):
+        CurriculumOrdering(task_order=iter([1, 1]))
+
+
 def nan_scorer(pl_module, batch):
     return torch.full((len(batch[0]),), float("nan"))
 
@@ -828,6 +840,11 @@ def test_needs_a_speedup_datamodule_and_a_run_length():
     with pytest.raises(ValueError, match="has no `max_epochs` or `max_steps`"):
         trainer(max_epochs=-1, callbacks=[CurriculumOrdering("root")]).fit(model, datamodule=IndexDM(80))
     assert model.seen == []
+    # a Trainer with neither runs Lightning's 1000 epochs: the pace spreads over them, which deserves a warning
+    stop, stopped = LambdaCallback(on_train_batch_end=lambda t, *_: setattr(t, "should_stop", True)), IndexModel(80)
+    with pytest.warns(SpeedupWarning, match=r"runs up to 1000 epochs \(Lightning's default"):
+        trainer(max_epochs=None, callbacks=[CurriculumOrdering("root"), stop]).fit(stopped, datamodule=IndexDM(80))
+    assert len(stopped.seen) == 1
     # fixed exponential pacing needs no run length
     trainer(max_epochs=-1, max_steps=3, callbacks=[CurriculumOrdering("fixed_exponential")]).fit(
         model, datamodule=IndexDM(80)

@@ -24,8 +24,12 @@ from lightning_speedups.samplers import (
     check_plan_in_use,
     datamodule_seed,
     require_speedup_datamodule,
+    training_sampler,
     weak_ref,
 )
+
+#: the ``max_epochs`` Lightning gives a Trainer with neither ``max_epochs`` nor ``max_steps`` (nor ``max_time``)
+_LIGHTNING_DEFAULT_EPOCHS = 1000
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -221,6 +225,8 @@ class CurriculumOrdering(SpeedupCallback):
         self.difficulty = difficulty
         self.anti_curriculum = _checks.flag("anti_curriculum", anti_curriculum, "True orders hardest first.")
         self.tasks = tasks
+        if task_order is not None and not isinstance(task_order, str | bytes) and hasattr(task_order, "__iter__"):
+            task_order = list(task_order)  # once: a generator would be spent by the check below
         if task_order is not None and (
             isinstance(task_order, str | bytes)
             or not hasattr(task_order, "__iter__")
@@ -510,6 +516,15 @@ class CurriculumOrdering(SpeedupCallback):
                 f"{self._who}(pacing={self.pacing.kind!r}) paces over the run's length, but the Trainer has no "
                 "`max_epochs` or `max_steps`. Set one, or use pacing='fixed_exponential'."
             )
+        lightning_default = trainer.max_steps == -1 and trainer.max_epochs == _LIGHTNING_DEFAULT_EPOCHS
+        if self.pacing.needs_total_steps and lightning_default:
+            # what Lightning sets a Trainer with neither (before this hook), so the error above cannot see that case
+            self.warn(
+                f"pacing={self.pacing.kind!r} paces over the run's length, and the Trainer runs up to "
+                f"{_LIGHTNING_DEFAULT_EPOCHS} epochs (Lightning's default without `max_epochs` or `max_steps`): "
+                "the pool grows over all of them, so a run stopped early sees little more than `start_fraction` "
+                "of the data. Set `max_epochs` or `max_steps` to the length you train."
+            )
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_fit_start(trainer, pl_module)
@@ -536,16 +551,32 @@ class CurriculumOrdering(SpeedupCallback):
             return
         batches = trainer.num_training_batches
         total = cap_by_max_steps(trainer, run_length(trainer, with_max_steps=False))
-        if (math.isfinite(batches) and int(batches) != clock.batches_per_epoch) or (
+        batches_differ = math.isfinite(batches) and int(batches) != clock.batches_per_epoch
+        total_differs = (
             total is not None
             and clock.anchor == (0, 0)  # else earlier epochs ran at another length, which the trainer's count misses
             and math.isfinite(total)
             and math.isfinite(clock.total_steps)
             and total != clock.total_steps
-        ):
+        )
+        sampler = training_sampler(trainer)
+        if total_differs and not batches_differ and sampler is not None and not sampler.iterated:
+            # A loader built before the trainer knew its optimizers (`trainer.estimated_stepping_batches` read in
+            # `configure_optimizers`, under manual optimization with several of them) took `max_steps` as one
+            # step per batch. Nothing is drawn yet: pace over the run the trainer will train.
+            sampler.retime(total)
+        elif batches_differ or total_differs:
+            why = ""
+            if total_differs and not pl_module.automatic_optimization:
+                why = (
+                    " Under manual optimization a loader built before the optimizers exist (by reading "
+                    "`trainer.estimated_stepping_batches` in `configure_optimizers`) counts `max_steps` as one step "
+                    "per batch: set `max_epochs` instead of `max_steps`, or use `num_workers=0`, whose loader "
+                    "draws late enough to be corrected."
+                )
             self.warn(
                 f"the pacing assumed {clock.batches_per_epoch} batches per epoch and {clock.total_steps:g} steps, "
-                f"but the trainer runs {batches} and {total}: the pool will grow at another pace than set."
+                f"but the trainer runs {batches} and {total}: the pool will grow at another pace than set.{why}"
             )
 
     def on_train_batch_end(
