@@ -386,6 +386,9 @@ def _precisions() -> dict[str, str]:
         return {}
 
 
+#: how far outside [0, 1] a logged accuracy may be (float32 rounding of a mean) before it is taken for another scale
+_METRIC_SLACK = 1e-4
+
 #: the largest seed `seed_everything` takes (NumPy's)
 _MAX_SEED = 2**32 - 1
 
@@ -571,6 +574,14 @@ def _run(
         raise CompareError(
             f"the {arm!r} run never validated: does the datamodule give validation data (a `val_dataloader` "
             "with batches) and the model a `validation_step` that logs the metric?"
+        )
+    outside = next((c.metric for c in meter.history if not -_METRIC_SLACK <= c.metric <= 1.0 + _METRIC_SLACK), None)
+    if outside is not None:
+        # a percentage: a target given as a fraction (all --target takes) would be met at the first validation
+        raise CompareError(
+            f"the {arm!r} run logged {cfg.metric}={outside:g}, outside [0, 1]: compare reads the metric as an "
+            "accuracy, a fraction (the --target it takes is one too). Log the fraction (`acc`, not `acc * 100`), "
+            "or name another metric with `--metric NAME`."
         )
     if warmup and not meter.history and meter.missing and rank_zero_only.rank == 0:
         # a misnamed metric would stop the first timed run only at its end: say it before the timed runs start
@@ -894,7 +905,15 @@ def format_report(report: Report) -> str:
             "the whole run's. Validate at the end of training and log the metric at every validation.",
         ]
     recipe, budget = report.summary(report.recipe), report.summary(BUDGET)
-    if recipe is not None and budget is None and cfg.get("budget_baseline", True):
+    uncounted = report.summaries[0].flops <= 0
+    if uncounted:
+        lines += [
+            "",
+            "**No FLOPs counted**: `torch.utils.flop_counter` counted none in the baseline's training steps (the "
+            "model's operations are not ones it counts), so the FLOPs columns and the baseline shortened to the "
+            "recipe's FLOPs are not available; wall-clock and CPU time still compare.",
+        ]
+    elif recipe is not None and budget is None and cfg.get("budget_baseline", True):
         lines += [
             "",
             "No baseline shortened to the recipe's FLOPs: the recipe's training FLOPs are not below the baseline's, "

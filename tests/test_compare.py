@@ -747,6 +747,44 @@ def test_a_run_whose_last_validation_did_not_log_the_metric_is_said_in_the_repor
     assert "(recipe (repeat 0): step 23 of 30)" in text and "baseline (repeat 0)" not in text
 
 
+def test_a_model_whose_flops_are_not_counted_is_said_so_not_called_flop_neutral():
+    # a model of operations `torch.utils.flop_counter` does not count: every arm 0 FLOPs, and the report said the
+    # recipe's FLOPs were "not below the baseline's", for a recipe that trained half the run at half size
+    from lightning_speedups.compare import Report, RunResult, _summarise, format_report
+
+    def run(arm, flops):
+        return RunResult(arm, 0, [Checkpoint(step=8, epoch=1, wall=2.0, cpu=2.0, flops=flops, metric=0.9)], flops, 8)
+
+    config = asdict(CompareConfig(repeats=1, output=None))
+    for flops, uncounted in ((0.0, True), (8e9, False)):
+        runs = [run("baseline", flops), run("recipe", flops)]
+        summaries = [_summarise(arm, [r for r in runs if r.arm == arm], 0.9) for arm in ("baseline", "recipe")]
+        text = format_report(Report(config=config, recipe="recipe", target=0.9, summaries=summaries, runs=runs))
+        assert ("**No FLOPs counted**" in text) is uncounted
+        assert ("training FLOPs are not below the baseline's" in text) is not uncounted
+
+
+PERCENT = """
+from lightning_speedups.demo import ImageClassifier
+
+class Percent(ImageClassifier):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_acc", (self(x).argmax(1) == y).float().mean() * 100)
+"""
+
+
+def test_a_metric_logged_as_a_percentage_is_refused_before_the_timed_runs(tmp_path, monkeypatch, capsys):
+    # a target is a fraction, so every arm would "reach" one at its first validation; the default target would
+    # work but the plot and --target would not: compare reads an accuracy in [0, 1] and says so
+    _write_module(tmp_path, monkeypatch, "percent_mods", PERCENT)
+    args = ["compare", "--model", "percent_mods:Percent", *TINY[2:], "--output", str(tmp_path / "out")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "the 'baseline' run logged val_acc=" in err and "outside [0, 1]" in err and "`acc * 100`" in err
+    assert "Traceback" not in err and not (tmp_path / "out" / "results.json").exists()
+
+
 def test_a_preset_that_does_not_suit_the_model_points_to_choosing_callbacks(tmp_path, monkeypatch, capsys):
     _write_module(tmp_path, monkeypatch, "unusual_models", UNUSUAL_MODELS)
     args = ["--model", "unusual_models:FlatNet", "--datamodule", "lightning_speedups.demo:DigitsDataModule"]
