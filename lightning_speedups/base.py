@@ -90,7 +90,12 @@ def training_epochs(trainer: pl.Trainer) -> int | None:
 
 
 def run_length(
-    trainer: pl.Trainer, *, from_epoch: int = 0, steps_before: int = 0, with_max_steps: bool = True
+    trainer: pl.Trainer,
+    *,
+    from_epoch: int = 0,
+    steps_before: int = 0,
+    with_max_steps: bool = True,
+    batches: int | None = None,
 ) -> float:
     """Optimizer steps of the whole run: ``inf`` when it has no bound (``max_time`` only, or an iterable
     dataset without ``max_steps``).
@@ -99,19 +104,21 @@ def run_length(
     ``GradientAccumulationScheduler`` (Lightning uses the current epoch's for every epoch) and ``inf``, not -1,
     for an iterable dataset without ``max_steps``. ``steps_before`` steps taken before ``from_epoch``, then the
     current loader's length for the rest: what a loader reloaded with another length at that epoch gives.
-    ``with_max_steps=False``: the ``max_epochs`` bound alone.
+    ``with_max_steps=False``: the ``max_epochs`` bound alone. ``batches``: the training batches per epoch, where
+    the trainer does not know them yet (a loader drawing while Lightning sets it up).
     """
     max_steps = trainer.max_steps if trainer.max_steps is not None and trainer.max_steps >= 0 else None
     bounded = math.inf if max_steps is None or not with_max_steps else float(max_steps)
     max_epochs = training_epochs(trainer)
     if max_epochs is None or max_epochs < 0:
         return bounded
-    if trainer.train_dataloader is None:
-        trainer.fit_loop.setup_data()
-    batches = trainer.num_training_batches
-    if not math.isfinite(batches):
-        return bounded
-    total = steps_before + epoch_steps(trainer, int(batches), range(from_epoch, max(max_epochs, 1)))
+    if batches is None:
+        if trainer.train_dataloader is None:
+            trainer.fit_loop.setup_data()
+        if not math.isfinite(trainer.num_training_batches):
+            return bounded
+        batches = int(trainer.num_training_batches)
+    total = steps_before + epoch_steps(trainer, batches, range(from_epoch, max(max_epochs, 1)))
     return float(min(total, bounded))
 
 
@@ -280,19 +287,44 @@ class SpeedupCallback(Callback):
             done = max(done, _max_steps_share(trainer))  # the run may end at max_steps first
         return min(1.0, max(p0, done))
 
-    def _anchored_progress(self, step: float) -> float:
+    def _anchored_progress(
+        self, step: float, total: float | None = None, anchor: tuple[int, float] | None = None
+    ) -> float:
         """Progress at ``step`` once a reload anchored it (not clipped): the progress reached at the anchor stands,
-        and the steps left to the run's end spread the rest."""
-        step0, p0 = self._anchor
-        total = self._total_steps
+        and the steps left to the run's end spread the rest. ``total`` and ``anchor`` default to the run's."""
+        step0, p0 = self._anchor if anchor is None else anchor
+        total = self._total_steps if total is None else total
         assert total is not None
         return 1.0 if total <= step0 else p0 + (1.0 - p0) * (step - step0) / (total - step0)
 
-    def _refresh_total_steps(self, trainer: pl.Trainer, *, reloaded: bool = False) -> None:
+    def _resumed_progress(
+        self, trainer: pl.Trainer, batches: int | None = None
+    ) -> tuple[float, tuple[int, float], int | None] | None:
+        """``(total steps, anchor, anchor epoch)`` of a run resumed after a reload of another length, from its
+        checkpoint; ``None`` when there is none to restore. Resumed at an epoch's end, the anchor is moved to the
+        next epoch's start, as the uninterrupted run's ``on_train_epoch_start`` did (Lightning skips that hook for
+        the epoch after a restart on an epoch's end). ``batches``: the loader's batches per epoch, for a loader
+        that draws before ``on_train_start`` (workers prefetch while Lightning sets the loader up)."""
+        loaded = self.__dict__.get("_loaded_progress")
+        if loaded is None or not trainer.reload_dataloaders_every_n_epochs:
+            return None
+        live = (self._total_steps, self._anchor, self.__dict__.get("_anchor_epoch"), self.__dict__.get("_epochs_bound"))
+        try:
+            self._total_steps, self._anchor = loaded
+            self._anchor_epoch = self.__dict__.get("_loaded_anchor_epoch")
+            if self._anchor_epoch is not None and trainer.current_epoch > self._anchor_epoch:
+                self._refresh_total_steps(trainer, reloaded=True, batches=batches)
+            assert self._total_steps is not None
+            return self._total_steps, self._anchor, self._anchor_epoch
+        finally:
+            self._total_steps, self._anchor, self._anchor_epoch, self._epochs_bound = live
+
+    def _refresh_total_steps(self, trainer: pl.Trainer, *, reloaded: bool = False, batches: int | None = None) -> None:
         # under manual optimization progress also reads the max_epochs bound in batches: worked out here, once
-        self._epochs_bound = run_length(trainer, with_max_steps=False) if _counts_batches(trainer) else None
+        bound = run_length(trainer, with_max_steps=False, batches=batches) if _counts_batches(trainer) else None
+        self._epochs_bound = bound
         if not reloaded:
-            self._total_steps, self._anchor = run_length(trainer), (0, 0.0)
+            self._total_steps, self._anchor = run_length(trainer, batches=batches), (0, 0.0)
             return
         # A loader reloaded at this epoch's start, maybe with another length: the progress reached stands, and
         # the rest of the run (the steps taken so far, then the new length) spreads the remainder
@@ -305,6 +337,7 @@ class SpeedupCallback(Callback):
             from_epoch=trainer.current_epoch,
             steps_before=clock,
             with_max_steps=not _counts_batches(trainer),  # in batches, max_steps counts other units
+            batches=batches,
         )
 
     # ------------------------------------------------------------------ batches
@@ -644,10 +677,10 @@ class SpeedupCallback(Callback):
             and epochs >= 0
             else None
         )
-        if self._loaded_progress is not None and trainer.reload_dataloaders_every_n_epochs:
-            # resumed after a reload: the earlier epochs' lengths are gone, the checkpoint kept where they led
-            self._total_steps, self._anchor = self._loaded_progress
-            self._anchor_epoch = self.__dict__.get("_loaded_anchor_epoch")  # a resume mid-epoch has no epoch start
+        # resumed after a reload: the earlier epochs' lengths are gone, the checkpoint kept where they led
+        resumed = self._resumed_progress(trainer)
+        if resumed is not None:
+            self._total_steps, self._anchor, self._anchor_epoch = resumed
         self._loaded_progress = None
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -771,6 +771,12 @@ class Percent(ImageClassifier):
     def validation_step(self, batch, batch_idx):
         x, y = batch
         self.log("val_acc", (self(x).argmax(1) == y).float().mean() * 100)
+
+class NanAtFirst(ImageClassifier):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        accuracy = (self(x).argmax(1) == y).float().mean()
+        self.log("val_acc", accuracy if self.global_step > 2 else float("nan"))
 """
 
 
@@ -783,6 +789,9 @@ def test_a_metric_logged_as_a_percentage_is_refused_before_the_timed_runs(tmp_pa
     err = capsys.readouterr().err
     assert "the 'baseline' run logged val_acc=" in err and "outside [0, 1]" in err and "`acc * 100`" in err
     assert "Traceback" not in err and not (tmp_path / "out" / "results.json").exists()
+    # NaN is no scale: a run that diverged (here its untimed warm-up only) is not refused as a percentage
+    args = ["compare", "--model", "percent_mods:NanAtFirst", *TINY[2:], "--output", str(tmp_path / "nan")]
+    assert main(args) == 0, capsys.readouterr().err
 
 
 def test_a_preset_that_does_not_suit_the_model_points_to_choosing_callbacks(tmp_path, monkeypatch, capsys):

@@ -150,14 +150,25 @@ def test_exact_when_a_reloaded_loader_changes_length(workers):
     assert sizes == sorted(sizes) and sizes[0] == 8 and sizes[-1] == 16  # it never shrinks again
 
 
-def test_a_resume_mid_epoch_after_a_reload_of_another_length_keeps_the_pipeline_on_the_schedule(tmp_path):
+@pytest.mark.parametrize(
+    ("step", "workers"),
+    [
+        (14, 0),
+        # a worker prefetches while Lightning sets the loader up, before `on_train_start` restored the progress
+        (14, 1),
+        (12, 0),  # the last batch of epoch 1: the resumed run starts at epoch 2's first batch
+    ],
+)
+def test_a_resume_mid_epoch_after_a_reload_of_another_length_keeps_the_pipeline_on_the_schedule(
+    tmp_path, step, workers
+):
     # Lightning runs no epoch start for the resumed epoch: the anchor's epoch comes from the checkpoint
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     def run(ckpt_path=None):
         model = PipelineRecorder()
         cb = ProgressiveResizing(0.5, 0.0, 0.0, mode="pipeline", validation="full")
-        saving = [] if ckpt_path else [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=14, save_top_k=-1)]
+        saving = [] if ckpt_path else [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=step, save_top_k=-1)]
         t = trainer(
             callbacks=[cb, *saving],
             max_epochs=4,
@@ -166,12 +177,13 @@ def test_a_resume_mid_epoch_after_a_reload_of_another_length_keeps_the_pipeline_
             limit_val_batches=0,
             enable_checkpointing=not ckpt_path,
         )
-        t.fit(model, datamodule=ChangingLength(num_workers=0), ckpt_path=ckpt_path)
+        t.fit(model, datamodule=ChangingLength(num_workers=workers), ckpt_path=ckpt_path)
         return [(size, on_device) for _, size, on_device, _ in model.steps]
 
     full = run()
-    resumed = run(str(tmp_path / "epoch=2-step=14.ckpt"))  # mid-epoch 2 (epochs of 8, 4, 8 batches)
-    assert resumed == full[14:] and all(size == on_device for size, on_device in resumed)
+    (ckpt,) = tmp_path.glob(f"*-step={step}.ckpt")  # epochs of 8, 4, 8 batches
+    resumed = run(str(ckpt))
+    assert resumed == full[step:] and all(size == on_device for size, on_device in resumed)
 
 
 def test_uint8_images_validate_at_the_training_size_in_their_own_dtype():

@@ -521,9 +521,9 @@ class CurriculumOrdering(SpeedupCallback):
             # what Lightning sets a Trainer with neither (before this hook), so the error above cannot see that case
             self.warn(
                 f"pacing={self.pacing.kind!r} paces over the run's length, and the Trainer runs up to "
-                f"{_LIGHTNING_DEFAULT_EPOCHS} epochs (Lightning's default without `max_epochs` or `max_steps`): "
-                "the pool grows over all of them, so a run stopped early sees little more than `start_fraction` "
-                "of the data. Set `max_epochs` or `max_steps` to the length you train."
+                f"{_LIGHTNING_DEFAULT_EPOCHS} epochs (Lightning's default where neither `max_epochs` nor `max_steps` "
+                "is given): the pool grows over all of them, so a run stopped early sees little more than "
+                "`start_fraction` of the data. If that is not the length you train, set `max_epochs` or `max_steps`."
             )
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

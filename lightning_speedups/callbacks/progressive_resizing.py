@@ -499,13 +499,16 @@ class ProgressiveResizing(SpeedupCallback):
             batches, total = self._steps(trainer, loader_batches)
             counts = self._epoch_counts[key] = (epoch_steps(trainer, batches, range(epoch)), total, batches)
         before, total, batches = counts
-        step0, p0 = self._anchor
-        since = self.__dict__.get("_anchor_epoch")
-        if (step0, p0) != (0, 0.0) and since is not None and epoch >= since and self._total_steps is not None:
+        anchored, (step0, p0), since = self._total_steps, self._anchor, self.__dict__.get("_anchor_epoch")
+        if anchored is None:  # workers of a resumed run draw before `on_train_start` restores its progress
+            resumed = self._resumed_progress(trainer, batches)
+            if resumed is not None:
+                anchored, (step0, p0), since = resumed
+        if (step0, p0) != (0, 0.0) and since is not None and epoch >= since and anchored is not None:
             # a loader reloaded with another length (set at this epoch's start, before its sampler runs): as the
             # on-device schedule, the progress reached stands and the steps left spread the rest
             step = step0 + epoch_steps(trainer, batches, range(since, epoch)) + batch // accumulation(trainer, epoch)
-            return self.plan_at(min(1.0, max(p0, self._anchored_progress(step))), epoch)
+            return self.plan_at(min(1.0, max(p0, self._anchored_progress(step, anchored, (step0, p0)))), epoch)
         step = before + batch // accumulation(trainer, epoch)
         progress = 1.0 if total <= 0 else min(1.0, step / total)
         return self.plan_at(progress, epoch)
