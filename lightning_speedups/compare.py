@@ -86,6 +86,7 @@ class RunResult:
     history: list[Checkpoint]
     flops: float
     steps: int
+    batch_size: int | None = None  # the datamodule's at the end (a BatchSizeFinder may have changed it)
 
     @property
     def final(self) -> float:
@@ -522,7 +523,8 @@ def _run(
         )
         sigint = signal.getsignal(signal.SIGINT)
         try:
-            trainer.fit(make_model(), datamodule=make_dm())
+            datamodule = make_dm()
+            trainer.fit(make_model(), datamodule=datamodule)
         except SystemExit:
             # Lightning turns Ctrl-C inside `fit` into `sys.exit(1)`, its notice silenced here, and leaves Ctrl-C
             # ignored: say it was interrupted (the command's status 130), with Ctrl-C as it was
@@ -593,7 +595,15 @@ def _run(
             flush=True,
         )
     progress.finish()
-    return RunResult(arm=arm, repeat=repeat, history=list(meter.history), flops=meter.flops, steps=trainer.global_step)
+    batch_size = getattr(datamodule, "batch_size", None)
+    return RunResult(
+        arm=arm,
+        repeat=repeat,
+        history=list(meter.history),
+        flops=meter.flops,
+        steps=trainer.global_step,
+        batch_size=batch_size if isinstance(batch_size, int) and not isinstance(batch_size, bool) else None,
+    )
 
 
 def _module_dir(name: str) -> str | None:
@@ -905,6 +915,15 @@ def format_report(report: Report) -> str:
             f"metric, wall and CPU time are read at their last measurement ({where}); their FLOPs and steps are "
             "the whole run's. Validate at the end of training and log the metric at every validation.",
         ]
+    sizes = {
+        arm: sorted({r.batch_size for r in report.runs if r.arm == arm} - {None}) for arm in (BASELINE, report.recipe)
+    }
+    if sizes[BASELINE] and sizes[report.recipe] and sizes[BASELINE] != sizes[report.recipe]:
+        lines += [
+            "",
+            f"Batch size (per device): baseline {', '.join(map(str, sizes[BASELINE]))}, {report.recipe} "
+            f"{', '.join(map(str, sizes[report.recipe]))} (set by the recipe, e.g. its batch-size search).",
+        ]
     recipe, budget = report.summary(report.recipe), report.summary(BUDGET)
     uncounted = report.summaries[0].flops <= 0
     if uncounted:
@@ -963,6 +982,7 @@ def save_report(report: Report, output: Path, text: str) -> bool:
                 "repeat": r.repeat,
                 "flops": r.flops,
                 "steps": r.steps,
+                "batch_size": r.batch_size,
                 "history": [asdict(c) for c in r.history],
             }
             for r in report.runs

@@ -160,6 +160,27 @@ def test_the_equal_budget_run_is_validated_at_its_last_step_even_mid_epoch():
     assert [c.step for c in result.history] == [12, 17]  # the end of epoch 1, then the budget's last step
 
 
+def test_a_batch_size_the_recipe_changed_is_recorded_and_reported():
+    # the large-batch recipe's BatchSizeFinder picks the batch: the report said nothing of it
+    from lightning.pytorch.callbacks import BatchSizeFinder
+
+    from lightning_speedups.compare import Report, _summarise, format_report
+
+    cfg = CompareConfig(accelerator="cpu", max_epochs=1, progress=False, output=None)
+    finder = BatchSizeFinder(mode="power", steps_per_trial=1, init_val=128, max_trials=2)  # 128, then 256
+    make_dm = lambda: DigitsDataModule(size=8, batch_size=128)  # noqa: E731
+    recipe = _run("recipe", 0, cfg, lambda: ImageClassifier(widths=[4]), make_dm, [finder], {}, None)
+    base = _run("baseline", 0, cfg, lambda: ImageClassifier(widths=[4]), make_dm, [], {}, None)
+    assert (base.batch_size, recipe.batch_size) == (128, 256)
+    runs = [base, recipe]
+    summaries = [_summarise(arm, [r for r in runs if r.arm == arm], 0.1) for arm in ("baseline", "recipe")]
+    config = asdict(CompareConfig(repeats=1, output=None))
+    text = format_report(Report(config=config, recipe="recipe", target=0.1, summaries=summaries, runs=runs))
+    assert "Batch size (per device): baseline 128, recipe 256 (set by the recipe" in text
+    recipe.batch_size = 128  # the same batch: nothing to say
+    assert "Batch size" not in format_report(Report(config, "recipe", 0.1, summaries, runs))
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
