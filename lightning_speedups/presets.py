@@ -181,10 +181,18 @@ def _say_replaced(name: str, preset_callback: Callback, mine: Callback) -> None:
     listed = ", ".join(f"{k}={_short_repr(b)} (the preset's: {_short_repr(a)})" for k, (a, b) in differ.items())
     rank_zero_warn(
         f"{what}, with other arguments: {listed}. A replacement is used as given, every argument it leaves out at "
-        f"its class's default: give those you meant to keep as the preset has them (`lightning-speedups presets "
-        f"{name}` lists them){_python_override_hint(name, type(preset_callback))}.",
+        f"its class's default: give those you meant to keep as the preset has them ({_lister(name)} lists them)"
+        f"{_python_override_hint(name, type(preset_callback))}.",
         category=SpeedupWarning,
     )
+
+
+def _lister(name: str) -> str:
+    """What shows preset ``name``'s callbacks: the command for a built-in or a plug-in's preset, which it finds;
+    ``describe`` for one a script registered (the command, in a process of its own, does not know it)."""
+    if _BUILT_IN.get(name) is _REGISTRY.get(name) or name in _FROM_ENTRY_POINTS:
+        return f"`lightning-speedups presets {name}`"
+    return f"`lightning_speedups.presets.describe({name!r})`"
 
 
 def _python_override_hint(name: str, cls: type) -> str:
@@ -225,6 +233,8 @@ _REGISTRY: dict[str, Preset] = {}
 _ORIGIN: dict[str, frozenset[str]] = {}
 _entry_points_loaded = False
 _entry_points_loading = False
+#: the names the plug-ins' entry points registered: those `lightning-speedups presets` knows, beside the built-in
+_FROM_ENTRY_POINTS: set[str] = set()
 
 
 def register(preset: Preset, *, overwrite: bool = False) -> Preset:
@@ -350,10 +360,12 @@ def _load_entry_points() -> None:
     if _entry_points_loaded or _entry_points_loading:
         return  # a plug-in that calls `lookup` or `names` as it is imported sees what is registered so far
     _entry_points_loading = True
+    before = set(_REGISTRY)
     try:
         problems = _load_each_entry_point()
     finally:
         _entry_points_loading = False
+        _FROM_ENTRY_POINTS.update(set(_REGISTRY) - before)
     _entry_points_loaded = True
     for problem in problems:
         warnings.warn(problem, stacklevel=2)

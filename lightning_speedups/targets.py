@@ -174,12 +174,17 @@ def check_soft_target_losses(pl_module: nn.Module, who: str, *, smoothing_in_tar
                 "targets (divided by the batch size)."
             )
         if smoothing_in_targets and isinstance(m, nn.CrossEntropyLoss) and m.label_smoothing > 0:
+            # the built-in presets' smoother; a user's own is taken out of a preset as the preset allows
+            preset_hint = (
+                " (from a preset: `presets.get(name, LabelSmoothing=None)`)"
+                if who.partition("(")[0] == "LabelSmoothing"
+                else ""
+            )
             raise ValueError(
                 f"{who} puts label smoothing in the targets, but {where} already has `label_smoothing="
                 f"{m.label_smoothing}`: targets would be smoothed twice. Set one of them only: remove the callback "
-                "and let the loss smooth (from a preset: `presets.get(name, LabelSmoothing=None)`), or set the "
-                "loss's `label_smoothing=0` (with `LabelSmoothing(method='loss')`, the callback then sets it for "
-                "training steps only)."
+                f"and let the loss smooth{preset_hint}, or set the loss's `label_smoothing=0` (with "
+                "`LabelSmoothing(method='loss')`, the callback then sets it for training steps only)."
             )
 
 

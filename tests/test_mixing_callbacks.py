@@ -563,6 +563,12 @@ class Relaxation(TargetTransformCallback):
 def test_a_users_target_technique_says_what_it_touches_through_class_attributes():
     # a smoothing technique of the user's own beside a loss with `label_smoothing` smoothed twice, unnoticed
     fit_expecting([Relaxation()], "smoothed twice", model=WithLoss(nn.CrossEntropyLoss(label_smoothing=0.1)))
+    # its fix names no built-in class: taking LabelSmoothing out of a preset would not take this one out
+    with pytest.raises(ValueError, match="let the loss smooth, or set") as raised:
+        trainer(callbacks=[Relaxation()], max_steps=1).fit(
+            WithLoss(nn.CrossEntropyLoss(label_smoothing=0.1)), loaders()[0]
+        )
+    assert "LabelSmoothing=None" not in str(raised.value)
     # beside LabelSmoothing (either method: in the loss, the smoothing is set only as each step runs)
     for method in ("target", "loss"):
         both = [LabelSmoothing(method=method), Relaxation()]

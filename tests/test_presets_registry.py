@@ -433,6 +433,8 @@ def test_replacement_warnings_compare_by_value_cover_subclasses_and_give_a_fix_t
         recipe.with_callbacks([MyMixUp(alpha=0.3)])
     (message,) = [str(w.message) for w in record]
     assert "with other arguments: p=1.0 (the preset's: 0.5)." in message and "presets.get(" not in message
+    # registered by this script: the command (another process) would not know it, `describe` does
+    assert "(`lightning_speedups.presets.describe('by-function')` lists them)" in message
     # a declarative preset's spec by import path: the override's key is that path
     presets.register(declarative("by-path", "s", "d", [("lightning_speedups.MixUp", {"p": 0.5})]))
     with pytest.warns(
@@ -493,6 +495,7 @@ def test_a_replacement_that_leaves_out_the_presets_arguments_says_which(infos):
         "warmup=0.1 (the preset's: 0.05)",
         "warmup_unit='epochs' (the preset's: 'fraction')",
         "presets.get('vision-mild', LinearScalingWarmup={...})",
+        "(`lightning-speedups presets vision-mild` lists them)",  # a built-in preset: the command knows it
     ):
         assert part in message
     assert infos == []
