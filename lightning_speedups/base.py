@@ -122,6 +122,13 @@ def run_length(
     return float(min(total, bounded))
 
 
+def _loader_key(trainer: pl.Trainer, epoch: int | None = None) -> tuple[int, Any]:
+    """(the epoch, the epoch Lightning last built the training loader at): what a run's length, worked out with
+    that loader's length for that epoch, holds for (``reload_dataloaders_every_n_epochs`` builds others)."""
+    epoch = trainer.current_epoch if epoch is None else epoch
+    return epoch, getattr(trainer.fit_loop, "_last_train_dl_reload_epoch", None)
+
+
 def epoch_steps(trainer: pl.Trainer, batches: int, epochs: range) -> int:
     """Optimizer steps of ``epochs`` with ``batches`` training batches each, at each epoch's own accumulation (an
     epoch ends with a step, Lightning's rule)."""
@@ -263,6 +270,14 @@ class SpeedupCallback(Callback):
             # the run's length out now rather than report no progress for the whole run
             self._refresh_total_steps(trainer)
             assert self._total_steps is not None
+        elif (
+            trainer.reload_dataloaders_every_n_epochs
+            and self.__dict__.get("_length_key") != _loader_key(trainer)
+            and not self.__dict__.get("_refreshing")
+        ):
+            # an epoch Lightning started without `on_train_epoch_start` (a run resumed at an epoch's last batch), or
+            # a loader it reloaded since: what that hook would have done
+            self._refresh_total_steps(trainer, reloaded=True)
         if not math.isfinite(self._total_steps):
             raise RuntimeError(
                 f"{type(self).__name__} follows training progress, which needs a finite run length: set `max_steps` "
@@ -297,44 +312,78 @@ class SpeedupCallback(Callback):
         assert total is not None
         return 1.0 if total <= step0 else p0 + (1.0 - p0) * (step - step0) / (total - step0)
 
-    def _resumed_progress(
-        self, trainer: pl.Trainer, batches: int | None = None
+    def _schedule_at(
+        self, trainer: pl.Trainer, epoch: int, batches: int | None = None
     ) -> tuple[float, tuple[int, float], int | None] | None:
-        """``(total steps, anchor, anchor epoch)`` of a run resumed after a reload of another length, from its
-        checkpoint; ``None`` when there is none to restore. Resumed at an epoch's end, the anchor is moved to the
-        next epoch's start, as the uninterrupted run's ``on_train_epoch_start`` did (Lightning skips that hook for
-        the epoch after a restart on an epoch's end). ``batches``: the loader's batches per epoch, for a loader
-        that draws before ``on_train_start`` (workers prefetch while Lightning sets the loader up)."""
-        loaded = self.__dict__.get("_loaded_progress")
-        if loaded is None or not trainer.reload_dataloaders_every_n_epochs:
-            return None
-        live = (self._total_steps, self._anchor, self.__dict__.get("_anchor_epoch"), self.__dict__.get("_epochs_bound"))
+        """``(total steps, anchor, anchor epoch)`` of the schedule at ``epoch`` of a run whose loader reloads, for a
+        loader that draws before the hooks that set them ran (``None`` if nothing is set yet): a resumed run's from
+        its checkpoint, before ``on_train_start`` restores them (workers prefetch while Lightning sets the loader
+        up); and at an epoch Lightning starts without ``on_train_epoch_start`` (after a restart at an epoch's end or
+        last batch), re-anchored at its start, as that hook would. ``batches``: the loader's batches per epoch,
+        which the trainer may not know yet."""
+        reload = trainer.reload_dataloaders_every_n_epochs
+        loaded = self.__dict__.get("_loaded_progress") if reload else None
+        live = (
+            self._total_steps,
+            self._anchor,
+            self.__dict__.get("_anchor_epoch"),
+            self.__dict__.get("_epochs_bound"),
+            self.__dict__.get("_length_key"),
+            self.__dict__.get("_length_batches"),
+        )
+
+        def set_for(length_epoch: int | None, anchor_epoch: int | None) -> int | None:
+            """The last epoch the schedule was set for: that of its loader's length, or of its anchor."""
+            known = [e for e in (length_epoch, anchor_epoch) if e is not None]
+            return max(known) if known else None
+
+        live_for = set_for(live[4][0] if live[4] is not None else None, live[2])
+        # a loader of another length than the live schedule's (Lightning reloads before it records the reload)
+        resized = batches is not None and live[5] is not None and batches != live[5]
+        if loaded is None and (
+            live[0] is None or not reload or live_for is None or (epoch <= live_for and not resized)
+        ):
+            return None if live[0] is None else live[:3]
         try:
-            self._total_steps, self._anchor = loaded
-            self._anchor_epoch = self.__dict__.get("_loaded_anchor_epoch")
-            if self._anchor_epoch is not None and trainer.current_epoch > self._anchor_epoch:
-                self._refresh_total_steps(trainer, reloaded=True, batches=batches)
+            was_for = live_for
+            if loaded is not None:
+                (self._total_steps, self._anchor), epoch0 = loaded, self.__dict__.get("_loaded_anchor_epoch")
+                self._anchor_epoch, self._length_key, was_for = epoch0, None, epoch0
+            if was_for is not None and (epoch > was_for or (loaded is None and resized)):
+                self._refresh_total_steps(trainer, reloaded=True, batches=batches, epoch=epoch)
             assert self._total_steps is not None
             return self._total_steps, self._anchor, self._anchor_epoch
         finally:
-            self._total_steps, self._anchor, self._anchor_epoch, self._epochs_bound = live
+            (self._total_steps, self._anchor, self._anchor_epoch, self._epochs_bound, self._length_key) = live[:5]
+            self._length_batches = live[5]
 
-    def _refresh_total_steps(self, trainer: pl.Trainer, *, reloaded: bool = False, batches: int | None = None) -> None:
+    def _refresh_total_steps(
+        self, trainer: pl.Trainer, *, reloaded: bool = False, batches: int | None = None, epoch: int | None = None
+    ) -> None:
+        """Work the run's length out (with the current loader's length, or ``batches``) at ``epoch`` (default: the
+        current one); ``reloaded``: at that epoch's start, after a reload, keeping the progress reached."""
+        epoch = trainer.current_epoch if epoch is None else epoch
         # under manual optimization progress also reads the max_epochs bound in batches: worked out here, once
         bound = run_length(trainer, with_max_steps=False, batches=batches) if _counts_batches(trainer) else None
         self._epochs_bound = bound
+        self._length_key = _loader_key(trainer, epoch)  # what the length holds for, and with how many batches
+        self._length_batches = batches if batches is not None else trainer.num_training_batches
         if not reloaded:
             self._total_steps, self._anchor = run_length(trainer, batches=batches), (0, 0.0)
             return
         # A loader reloaded at this epoch's start, maybe with another length: the progress reached stands, and
         # the rest of the run (the steps taken so far, then the new length) spreads the remainder
-        reached = self.progress(trainer) if self._total_steps is not None else 0.0
+        self._refreshing = True  # `progress` reads the progress reached, and starts no other refresh
+        try:
+            reached = self.progress(trainer) if self._total_steps is not None else 0.0
+        finally:
+            self._refreshing = False
         clock = _clock(trainer)
         self._anchor = (clock, reached) if reached > 0.0 else (0, 0.0)
-        self._anchor_epoch = trainer.current_epoch  # the epoch that starts at the anchor's step
+        self._anchor_epoch = epoch  # the epoch that starts at the anchor's step
         self._total_steps = run_length(
             trainer,
-            from_epoch=trainer.current_epoch,
+            from_epoch=epoch,
             steps_before=clock,
             with_max_steps=not _counts_batches(trainer),  # in batches, max_steps counts other units
             batches=batches,
@@ -612,6 +661,7 @@ class SpeedupCallback(Callback):
         # nothing is kept from an earlier fit of this instance
         self._total_steps, self._epochs_bound, self._anchor = None, None, (0, 0.0)
         self._anchor_epoch: int | None = None
+        self._length_key: tuple[int, Any] | None = None  # what the run's length was worked out for (`_loader_key`)
         # each fit takes the process seed anew (unless one was given); a resume then restores the saved one
         if self._given_seed is not None:
             self.seed = self._given_seed
@@ -678,8 +728,9 @@ class SpeedupCallback(Callback):
             else None
         )
         # resumed after a reload: the earlier epochs' lengths are gone, the checkpoint kept where they led
-        resumed = self._resumed_progress(trainer)
-        if resumed is not None:
+        if self._loaded_progress is not None and trainer.reload_dataloaders_every_n_epochs:
+            resumed = self._schedule_at(trainer, trainer.current_epoch)
+            assert resumed is not None
             self._total_steps, self._anchor, self._anchor_epoch = resumed
         self._loaded_progress = None
 

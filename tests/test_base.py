@@ -314,17 +314,39 @@ def test_bad_seed(seed):
         MixUp(seed=seed)
 
 
-@pytest.mark.parametrize("step", [6, 12])  # mid-epoch 1, and the end of epoch 1
-def test_progress_after_a_reload_resumes_where_the_uninterrupted_run_was(tmp_path, step):
+class LoaderOfLengths(RecordingModule):
+    """Epoch e's loader has ``batches[e]`` batches of 16 (the last for later epochs)."""
+
+    def __init__(self, batches: tuple[int, ...]) -> None:
+        super().__init__(record=False)
+        self.batches = batches
+
+    def train_dataloader(self):
+        return loaders(n=16 * self.batches[min(self.trainer.current_epoch, len(self.batches) - 1)])[0]
+
+
+@pytest.mark.parametrize(
+    ("batches", "step"),
+    [
+        ((4, 8), 6),  # mid-epoch 1
+        ((4, 8), 12),  # the last batch of epoch 1
+        # the last batch of an epoch before a shorter one: Lightning resumes with the finished epoch's loader and
+        # reloads the next without its `on_train_epoch_start`; the rest of the run was spread at the old length
+        ((8, 8, 4), 16),
+        ((8, 4), 8),  # the same at epoch 0, whose checkpoint holds no anchor (no progress before the reload)
+    ],
+)
+def test_progress_after_a_reload_resumes_where_the_uninterrupted_run_was(tmp_path, batches, step):
     ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=step, save_top_k=-1)
     first = ProgressProbe()
-    trainer(callbacks=[first, ckpt], max_epochs=3, reload_dataloaders_every_n_epochs=1, enable_checkpointing=True).fit(
-        GrowingLoader(record=False)
-    )
+    epochs = len(batches) + 1
+    trainer(
+        callbacks=[first, ckpt], max_epochs=epochs, reload_dataloaders_every_n_epochs=1, enable_checkpointing=True
+    ).fit(LoaderOfLengths(batches))
     resumed = ProgressProbe()
     path = next(tmp_path.glob(f"*step={step}.ckpt"))
-    trainer(callbacks=[resumed], max_epochs=3, reload_dataloaders_every_n_epochs=1).fit(
-        GrowingLoader(record=False), ckpt_path=str(path)
+    trainer(callbacks=[resumed], max_epochs=epochs, reload_dataloaders_every_n_epochs=1).fit(
+        LoaderOfLengths(batches), ckpt_path=str(path)
     )
     assert [s for s, _ in resumed.seen] == [s for s, _ in first.seen[step:]]
     assert [p for _, p in resumed.seen] == pytest.approx([p for _, p in first.seen[step:]])

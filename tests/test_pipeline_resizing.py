@@ -186,6 +186,40 @@ def test_a_resume_mid_epoch_after_a_reload_of_another_length_keeps_the_pipeline_
     assert resumed == full[step:] and all(size == on_device for size, on_device in resumed)
 
 
+class ShorterAfterEpoch0(PipelineData):
+    """64 samples in epoch 0, then 32: with reloads every 2 epochs, epochs of 8, 8, 4, 4 batches."""
+
+    def get_train_dataset(self):
+        epoch = self.trainer.fit_loop.epoch_progress.current.processed if self.trainer is not None else 0
+        return TransformedImages(64 if epoch < 1 else 32, self.transform)
+
+
+def test_a_resume_at_an_epochs_last_batch_before_a_reload_of_another_length_plans_the_prefetched_batches_right(
+    tmp_path,
+):
+    # the worker's first batches of epoch 2 were planned before Lightning recorded its reload, spread over the
+    # rest of the run at the finished epoch's length
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def run(ckpt_path=None):
+        model = PipelineRecorder()
+        cb = ProgressiveResizing(0.25, 0.0, 0.0, mode="pipeline", validation="full")
+        saving = [] if ckpt_path else [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=16, save_top_k=-1)]
+        t = trainer(
+            callbacks=[cb, *saving],
+            max_epochs=4,
+            reload_dataloaders_every_n_epochs=2,
+            limit_val_batches=0,
+            enable_checkpointing=not ckpt_path,
+        )
+        t.fit(model, datamodule=ShorterAfterEpoch0(num_workers=1), ckpt_path=ckpt_path)
+        return [(size, on_device) for _, size, on_device, _ in model.steps]
+
+    full = run()
+    resumed = run(str(next(tmp_path.glob("*-step=16.ckpt"))))  # the last batch of epoch 1 (8 batches an epoch)
+    assert resumed == full[16:] and all(size == on_device for size, on_device in resumed)
+
+
 def test_uint8_images_validate_at_the_training_size_in_their_own_dtype():
     # the workers resize uint8 as torchvision does; validation at the training size raised at the first validation
     class Bytes(PipelineData):

@@ -500,10 +500,10 @@ class ProgressiveResizing(SpeedupCallback):
             counts = self._epoch_counts[key] = (epoch_steps(trainer, batches, range(epoch)), total, batches)
         before, total, batches = counts
         anchored, (step0, p0), since = self._total_steps, self._anchor, self.__dict__.get("_anchor_epoch")
-        if anchored is None:  # workers of a resumed run draw before `on_train_start` restores its progress
-            resumed = self._resumed_progress(trainer, batches)
-            if resumed is not None:
-                anchored, (step0, p0), since = resumed
+        if trainer.reload_dataloaders_every_n_epochs:  # the workers may draw before the hooks that set these
+            state = self._schedule_at(trainer, epoch, batches)
+            if state is not None:
+                anchored, (step0, p0), since = state
         if (step0, p0) != (0, 0.0) and since is not None and epoch >= since and anchored is not None:
             # a loader reloaded with another length (set at this epoch's start, before its sampler runs): as the
             # on-device schedule, the progress reached stands and the steps left spread the rest
