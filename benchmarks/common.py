@@ -24,6 +24,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,26 @@ def _version(module: str) -> str | None:
     return str(getattr(mod, "__version__", "?"))
 
 
+def git_commit() -> str | None:
+    """The checkout's commit (short), ``-dirty`` if files differ from it; ``None`` outside a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return f"{sha}-dirty" if dirty else sha
+
+
 def machine(extra_modules: Iterable[str] = ()) -> dict[str, Any]:
     """What a figure was measured on: CPU, cores, torch threads, device, versions, UTC date, load average."""
     import torch
@@ -79,6 +100,7 @@ def machine(extra_modules: Iterable[str] = ()) -> dict[str, Any]:
         "torchvision": _version("torchvision"),
         "numpy": np.__version__,
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
+        "commit": git_commit(),
         "load_average": load_average(),
     }
     if torch.cuda.is_available():
@@ -101,7 +123,7 @@ def machine_line(info: Mapping[str, Any] | None = None, extra_modules: Iterable[
         if m.get(key):
             versions.append(f"{key} {m[key]}")
     parts.append(", ".join(versions))
-    parts.append(f"date {m['date']}")
+    parts.append(f"date {m['date']}" + (f", commit {m['commit']}" if m.get("commit") else ""))
     if m.get("load_average") is not None:
         parts.append(f"load average {m['load_average']} at the start")
     return "- Machine: " + "; ".join(parts) + "."

@@ -326,7 +326,7 @@ def digits(quick: bool) -> str:
             ),
             "",
             common.machine_line(info),
-            f"- The CPU section's protocol and task ({tta.SEEDS} seeds, rotated arms, equal-budget control), "
+            f"- The CPU section's protocol and task ({tta.SEEDS} seeds, shuffled arms, equal-budget control), "
             f"trained on the GPU, precision `{precision}` for every arm. Target {result['target']:.4f}.",
             "",
             table,

@@ -22,6 +22,7 @@ in its Markdown; the summary table at the top of the document lists every goal o
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import time
@@ -40,6 +41,8 @@ from benchmarks import common  # noqa: E402
 DOC = ROOT / "docs" / "benchmarks.md"
 QUICK_DOC = ROOT / "benchmarks" / "results" / "quick.md"  # git-ignored: quick figures stay out of the docs
 PLOTS = ROOT / "docs" / "benchmarks"
+QUICK_RUN = PLOTS / "quick_run.json"  # the last quick run of every section: how long it took (a goal)
+QUICK_LIMIT_MIN = 10.0
 SECTIONS = ("time_to_accuracy", "overhead", "efficiency", "peers", "gpu")
 _BLOCK = re.compile(r"<!-- section: (\w+) -->\n(.*?)\n<!-- /section: \1 -->", re.S)
 
@@ -110,8 +113,19 @@ def existing_sections(path: Path) -> dict[str, str]:
     return existing_sections_from_text(path.read_text(encoding="utf-8")) if path.exists() else {}
 
 
+def quick_goal() -> list[str]:
+    """The summary's row for the quick mode's running time, from the last quick run of every section."""
+    goal = f"Quick mode (`run.py --quick`, every section) under {QUICK_LIMIT_MIN:g} minutes on CPU"
+    if not QUICK_RUN.exists():
+        return [goal, "no quick run of every section recorded", common.met_label(None), "quick mode"]
+    run = json.loads(QUICK_RUN.read_text(encoding="utf-8"))
+    minutes = run["seconds"] / 60
+    figure = f"{minutes:.1f} min ({run['date']}, commit {run.get('commit') or '?'}; {run['machine']})"
+    return [goal, figure, common.met_label(minutes < QUICK_LIMIT_MIN), "quick mode"]
+
+
 def summary(blocks: dict[str, str]) -> str:
-    rows = []
+    rows = [quick_goal()]
     for name in SECTIONS:
         for g in common.parse_goals(blocks.get(name, "")):
             rows.append([g["goal"], g["figure"], common.outcome_label(g), name.replace("_", " ")])
@@ -134,7 +148,9 @@ def document(blocks: dict[str, str], quick: bool, only: list[str] | None) -> str
         f"{common.machine()['date']}. The machine is small and shared: times are medians of repeats in which "
         "the variants take turns (a shuffled order each round; time to accuracy shuffles its arms within each seed "
         "after an untimed warm-up run; each section says how it orders its runs), and ratios are steadier than "
-        "absolute times.",
+        "absolute times. Each section's machine line names the commit it ran at. The peers section times "
+        "Composer's functional ops only where Composer imports, or `COMPOSER_PYTHON` names a Python that has it "
+        "(its own environment: Composer pins older torch); without it that table has no Composer rows.",
         "",
         "## Goals",
         "",
@@ -174,6 +190,7 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     blocks = existing_sections(args.output)
     failed = []
+    began = time.perf_counter()
     for name in args.only or SECTIONS:
         start = time.perf_counter()
         print(f"[run.py] {name} ...", file=sys.stderr, flush=True)
@@ -184,6 +201,10 @@ def main() -> int:
             failed.append(name)
             blocks[name] = failed_block(name, err, blocks.get(name, ""))
         print(f"[run.py] {name} done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    if args.quick and not args.only and not failed:  # the quick mode's own goal: its time, every section run
+        record = {"seconds": round(time.perf_counter() - began, 1), "machine": common.machine_line()[2:]}
+        record.update({k: common.machine()[k] for k in ("date", "commit")})
+        QUICK_RUN.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     args.output.write_text(document(blocks, args.quick, args.only), encoding="utf-8")
     print(f"[run.py] wrote {args.output}" + (f"; failed: {failed}" if failed else ""), file=sys.stderr)
     return 1 if failed else 0
