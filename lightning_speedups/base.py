@@ -272,6 +272,7 @@ class SpeedupCallback(Callback):
             assert self._total_steps is not None
         elif (
             trainer.reload_dataloaders_every_n_epochs
+            and trainer.state.fn == TrainerFn.FITTING  # `validate` by another trainer builds no training loader
             and self.__dict__.get("_length_key") != _loader_key(trainer)
             and not self.__dict__.get("_refreshing")
         ):
@@ -625,7 +626,9 @@ class SpeedupCallback(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"seed": self.seed}
-        if self._anchor != (0, 0.0) and self._total_steps is not None:  # only after a reload moved it
+        # after a reload moved the anchor; in any run that reloads, once worked out: a resumed run's first loader
+        # may already be the next epoch's, of another length, so the run's length is the checkpoint's to give
+        if self._total_steps is not None and (self._anchor != (0, 0.0) or self.__dict__.get("_reloading")):
             state["progress"] = {"total_steps": self._total_steps, "anchor": list(self._anchor)}
             if self.__dict__.get("_anchor_epoch") is not None:
                 state["progress"]["anchor_epoch"] = self._anchor_epoch
@@ -662,6 +665,7 @@ class SpeedupCallback(Callback):
         self._total_steps, self._epochs_bound, self._anchor = None, None, (0, 0.0)
         self._anchor_epoch: int | None = None
         self._length_key: tuple[int, Any] | None = None  # what the run's length was worked out for (`_loader_key`)
+        self._reloading = bool(trainer.reload_dataloaders_every_n_epochs)
         # each fit takes the process seed anew (unless one was given); a resume then restores the saved one
         if self._given_seed is not None:
             self.seed = self._given_seed

@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 import torch
-from lightning.pytorch import seed_everything
+from lightning.pytorch import LightningDataModule, seed_everything
 from lightning.pytorch.callbacks import GradientAccumulationScheduler, ModelCheckpoint, StochasticWeightAveraging
 from torch import nn
 
@@ -317,12 +317,15 @@ def test_bad_seed(seed):
 class LoaderOfLengths(RecordingModule):
     """Epoch e's loader has ``batches[e]`` batches of 16 (the last for later epochs)."""
 
-    def __init__(self, batches: tuple[int, ...]) -> None:
+    def __init__(self, batches: tuple[int, ...], by_processed: bool = False) -> None:
         super().__init__(record=False)
-        self.batches = batches
+        self.batches, self.by_processed = batches, by_processed
 
     def train_dataloader(self):
-        return loaders(n=16 * self.batches[min(self.trainer.current_epoch, len(self.batches) - 1)])[0]
+        # the epoch Lightning gives the sampler (`processed`) is the next one already when it saved at an epoch's end
+        progress = self.trainer.fit_loop.epoch_progress.current
+        epoch = progress.processed if self.by_processed else self.trainer.current_epoch
+        return loaders(n=16 * self.batches[min(epoch, len(self.batches) - 1)])[0]
 
 
 @pytest.mark.parametrize(
@@ -334,22 +337,53 @@ class LoaderOfLengths(RecordingModule):
         # reloads the next without its `on_train_epoch_start`; the rest of the run was spread at the old length
         ((8, 8, 4), 16),
         ((8, 4), 8),  # the same at epoch 0, whose checkpoint holds no anchor (no progress before the reload)
+        # saved at epoch 0's end by a loader sized by the sampler's epoch: the resumed run's first loader is epoch
+        # 1's, so the run's length must come from the checkpoint though no reload had moved its anchor yet
+        ((4, 8), "epoch end"),
     ],
 )
 def test_progress_after_a_reload_resumes_where_the_uninterrupted_run_was(tmp_path, batches, step):
-    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=step, save_top_k=-1)
+    at_epoch_end = step == "epoch end"
+    if at_epoch_end:
+        ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_on_train_epoch_end=True, save_top_k=-1)
+    else:
+        ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=step, save_top_k=-1)
     first = ProgressProbe()
     epochs = len(batches) + 1
     trainer(
         callbacks=[first, ckpt], max_epochs=epochs, reload_dataloaders_every_n_epochs=1, enable_checkpointing=True
-    ).fit(LoaderOfLengths(batches))
+    ).fit(LoaderOfLengths(batches, by_processed=at_epoch_end))
     resumed = ProgressProbe()
-    path = next(tmp_path.glob(f"*step={step}.ckpt"))
+    step = batches[0] if at_epoch_end else step
+    path = next(tmp_path.glob(f"epoch=0-step={step}.ckpt" if at_epoch_end else f"*step={step}.ckpt"))
     trainer(callbacks=[resumed], max_epochs=epochs, reload_dataloaders_every_n_epochs=1).fit(
-        LoaderOfLengths(batches), ckpt_path=str(path)
+        LoaderOfLengths(batches, by_processed=at_epoch_end), ckpt_path=str(path)
     )
     assert [s for s, _ in resumed.seen] == [s for s, _ in first.seen[step:]]
     assert [p for _, p in resumed.seen] == pytest.approx([p for _, p in first.seen[step:]])
+
+
+def test_progress_read_while_another_trainer_only_validates_builds_no_training_loader():
+    # a callback that trained with reloads, reused by an evaluation script's trainer: reading progress in a
+    # validation hook re-anchored, building that trainer's training loader (which its datamodule lacks)
+    class ReadsInValidation(ProgressProbe):
+        def on_validation_start(self, trainer, pl_module):
+            self.seen.append((trainer.global_step, self.progress(trainer)))
+
+    class ValidationOnly(LightningDataModule):
+        def val_dataloader(self):
+            return loaders(n=16)[1]
+
+    probe = ReadsInValidation()
+    trainer(callbacks=[probe], max_epochs=2, reload_dataloaders_every_n_epochs=1, limit_val_batches=0).fit(
+        LoaderOfLengths((4, 6))
+    )
+    probe.seen.clear()
+    schedule = (probe._total_steps, probe._anchor)
+    trainer(callbacks=[probe], reload_dataloaders_every_n_epochs=1).validate(
+        LoaderOfLengths((4, 6)), datamodule=ValidationOnly(), verbose=False
+    )
+    assert len(probe.seen) == 1 and (probe._total_steps, probe._anchor) == schedule  # read, not re-anchored
 
 
 def test_numpy_integers_from_a_config_are_accepted():
