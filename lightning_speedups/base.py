@@ -331,6 +331,7 @@ class SpeedupCallback(Callback):
             self.__dict__.get("_epochs_bound"),
             self.__dict__.get("_length_key"),
             self.__dict__.get("_length_batches"),
+            self.__dict__.get("_length_args"),
         )
 
         def set_for(length_epoch: int | None, anchor_epoch: int | None) -> int | None:
@@ -349,6 +350,9 @@ class SpeedupCallback(Callback):
             was_for = live_for
             if loaded is not None:
                 (self._total_steps, self._anchor), epoch0 = loaded, self.__dict__.get("_loaded_anchor_epoch")
+                length = self.__dict__.get("_loaded_length")
+                if length is not None:  # under this trainer's bounds, which a resumed run may have changed
+                    self._total_steps = run_length(trainer, **length)
                 self._anchor_epoch, self._length_key, was_for = epoch0, None, epoch0
             if was_for is not None and (epoch > was_for or (loaded is None and resized)):
                 self._refresh_total_steps(trainer, reloaded=True, batches=batches, epoch=epoch)
@@ -356,7 +360,7 @@ class SpeedupCallback(Callback):
             return self._total_steps, self._anchor, self._anchor_epoch
         finally:
             (self._total_steps, self._anchor, self._anchor_epoch, self._epochs_bound, self._length_key) = live[:5]
-            self._length_batches = live[5]
+            self._length_batches, self._length_args = live[5], live[6]
 
     def _refresh_total_steps(
         self, trainer: pl.Trainer, *, reloaded: bool = False, batches: int | None = None, epoch: int | None = None
@@ -367,10 +371,10 @@ class SpeedupCallback(Callback):
         # under manual optimization progress also reads the max_epochs bound in batches: worked out here, once
         bound = run_length(trainer, with_max_steps=False, batches=batches) if _counts_batches(trainer) else None
         self._epochs_bound = bound
-        self._length_key = _loader_key(trainer, epoch)  # what the length holds for, and with how many batches
-        self._length_batches = batches if batches is not None else trainer.num_training_batches
+        self._length_key = _loader_key(trainer, epoch)  # what the length holds for
         if not reloaded:
             self._total_steps, self._anchor = run_length(trainer, batches=batches), (0, 0.0)
+            self._note_length(trainer, batches, from_epoch=0, steps_before=0, with_max_steps=True)
             return
         # A loader reloaded at this epoch's start, maybe with another length: the progress reached stands, and
         # the rest of the run (the steps taken so far, then the new length) spreads the remainder
@@ -389,6 +393,16 @@ class SpeedupCallback(Callback):
             with_max_steps=not _counts_batches(trainer),  # in batches, max_steps counts other units
             batches=batches,
         )
+        self._note_length(
+            trainer, batches, from_epoch=epoch, steps_before=clock, with_max_steps=not _counts_batches(trainer)
+        )
+
+    def _note_length(self, trainer: pl.Trainer, batches: int | None, **length: Any) -> None:
+        """Keep how the run's length was worked out (``run_length``'s arguments), and with how many batches per
+        epoch: a resumed run works it out again under its own trainer's bounds (``max_epochs`` raised, say)."""
+        used = batches if batches is not None else trainer.num_training_batches
+        self._length_batches = used
+        self._length_args = {**length, "batches": int(used) if math.isfinite(used) else None}
 
     # ------------------------------------------------------------------ batches
     def transform_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
@@ -632,6 +646,8 @@ class SpeedupCallback(Callback):
             state["progress"] = {"total_steps": self._total_steps, "anchor": list(self._anchor)}
             if self.__dict__.get("_anchor_epoch") is not None:
                 state["progress"]["anchor_epoch"] = self._anchor_epoch
+            if self.__dict__.get("_length_args") is not None:
+                state["progress"]["length"] = dict(self._length_args)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -642,6 +658,7 @@ class SpeedupCallback(Callback):
             self._loaded_progress = (float(saved["total_steps"]), (int(step0), float(p0)))
             epoch = saved.get("anchor_epoch")
             self._loaded_anchor_epoch = int(epoch) if epoch is not None else None
+            self._loaded_length = saved.get("length")  # absent from older checkpoints: their total stands
 
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -659,7 +676,7 @@ class SpeedupCallback(Callback):
         # set by this class's `on_train_batch_end` and `log_now`: `on_train_end` tells whether either ran
         self.__dict__.pop("_knobs_checked", None)
         self._knobs_logged, self._first_step = False, 0
-        self._loaded_progress = None  # a checkpoint's, if any, is loaded after setup
+        self._loaded_progress = self._loaded_length = None  # a checkpoint's, if any, is loaded after setup
         # a new fit works its run length out again (an override of `on_train_start` without `super()` included):
         # nothing is kept from an earlier fit of this instance
         self._total_steps, self._epochs_bound, self._anchor = None, None, (0, 0.0)

@@ -363,6 +363,22 @@ def test_progress_after_a_reload_resumes_where_the_uninterrupted_run_was(tmp_pat
     assert [p for _, p in resumed.seen] == pytest.approx([p for _, p in first.seen[step:]])
 
 
+def test_a_reload_run_resumed_with_more_epochs_spreads_progress_over_the_new_length(tmp_path):
+    # the checkpoint kept the run's length, worked out for 2 epochs: a resume asking for 4 ran at twice the pace
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    short = trainer(
+        callbacks=[ProgressProbe(), ckpt], max_epochs=2, reload_dataloaders_every_n_epochs=1, enable_checkpointing=True
+    )
+    short.fit(LoaderOfLengths((4,)))
+    longer, resumed = ProgressProbe(), ProgressProbe()
+    trainer(callbacks=[longer], max_epochs=4, reload_dataloaders_every_n_epochs=1).fit(LoaderOfLengths((4,)))
+    trainer(callbacks=[resumed], max_epochs=4, reload_dataloaders_every_n_epochs=1).fit(
+        LoaderOfLengths((4,)), ckpt_path=str(tmp_path / "epoch=0-step=2.ckpt")
+    )
+    assert [s for s, _ in resumed.seen] == [s for s, _ in longer.seen[2:]]
+    assert [p for _, p in resumed.seen] == pytest.approx([p for _, p in longer.seen[2:]])
+
+
 def test_progress_read_while_another_trainer_only_validates_builds_no_training_loader():
     # a callback that trained with reloads, reused by an evaluation script's trainer: reading progress in a
     # validation hook re-anchored, building that trainer's training loader (which its datamodule lacks)
