@@ -66,8 +66,13 @@ def _version(module: str) -> str | None:
     return str(getattr(mod, "__version__", "?"))
 
 
+#: what the benchmarks write (`git status` pathspecs): not a change to the code they measure
+_OUTPUTS = (":!docs/benchmarks.md", ":!docs/benchmarks")
+
+
 def git_commit() -> str | None:
-    """The checkout's commit (short), ``-dirty`` if files differ from it; ``None`` outside a git checkout."""
+    """The checkout's commit (short), ``-dirty`` if tracked files differ from it (the benchmark document and its
+    plots aside: a run of several sections rewrites them as it goes); ``None`` outside a git checkout."""
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
@@ -76,7 +81,7 @@ def git_commit() -> str | None:
             ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", ".", *_OUTPUTS],
             capture_output=True,
             text=True,
             check=True,
