@@ -274,6 +274,7 @@ class SpeedupCallback(Callback):
             trainer.reload_dataloaders_every_n_epochs
             and trainer.state.fn == TrainerFn.FITTING  # `validate` by another trainer builds no training loader
             and self.__dict__.get("_length_key") != _loader_key(trainer)
+            and not trainer.fit_loop.done  # read after the last epoch: nothing left to spread
             and not self.__dict__.get("_refreshing")
         ):
             # an epoch Lightning started without `on_train_epoch_start` (a run resumed at an epoch's last batch), or
@@ -353,7 +354,10 @@ class SpeedupCallback(Callback):
                 length = self.__dict__.get("_loaded_length")
                 if length is not None:  # under this trainer's bounds, which a resumed run may have changed
                     self._total_steps = run_length(trainer, **length)
-                self._anchor_epoch, self._length_key, was_for = epoch0, None, epoch0
+                self._length_batches = (length or {}).get("batches")  # the checkpoint's loader's, not this one's
+                # the last epoch the saved schedule held for: its anchor's, or a later one of the same length
+                was_for = set_for(self.__dict__.get("_loaded_length_epoch"), epoch0)
+                self._anchor_epoch, self._length_key = epoch0, None
             if was_for is not None and (epoch > was_for or (loaded is None and resized)):
                 self._refresh_total_steps(trainer, reloaded=True, batches=batches, epoch=epoch)
             assert self._total_steps is not None
@@ -372,6 +376,12 @@ class SpeedupCallback(Callback):
         bound = run_length(trainer, with_max_steps=False, batches=batches) if _counts_batches(trainer) else None
         self._epochs_bound = bound
         self._length_key = _loader_key(trainer, epoch)  # what the length holds for
+        if reloaded and self._total_steps is not None:
+            used = batches if batches is not None else trainer.num_training_batches
+            if used == self.__dict__.get("_length_batches"):
+                # a loader of the same length: the schedule stands (re-anchoring would change nothing but what a
+                # resumed run with another `max_epochs` works its length out from)
+                return
         if not reloaded:
             self._total_steps, self._anchor = run_length(trainer, batches=batches), (0, 0.0)
             self._note_length(trainer, batches, from_epoch=0, steps_before=0, with_max_steps=True)
@@ -380,7 +390,10 @@ class SpeedupCallback(Callback):
         # the rest of the run (the steps taken so far, then the new length) spreads the remainder
         self._refreshing = True  # `progress` reads the progress reached, and starts no other refresh
         try:
-            reached = self.progress(trainer) if self._total_steps is not None else 0.0
+            # an unbounded run (`max_time` only, a stream without `max_steps`) has no progress to keep: its
+            # callbacks that follow progress say so when they read it, the others must not fail here
+            known = self._total_steps is not None and math.isfinite(self._total_steps)
+            reached = self.progress(trainer) if known else 0.0
         finally:
             self._refreshing = False
         clock = _clock(trainer)
@@ -642,12 +655,18 @@ class SpeedupCallback(Callback):
         state: dict[str, Any] = {"seed": self.seed}
         # after a reload moved the anchor; in any run that reloads, once worked out: a resumed run's first loader
         # may already be the next epoch's, of another length, so the run's length is the checkpoint's to give
-        if self._total_steps is not None and (self._anchor != (0, 0.0) or self.__dict__.get("_reloading")):
+        if (
+            self._total_steps is not None
+            and math.isfinite(self._total_steps)
+            and (self._anchor != (0, 0.0) or self.__dict__.get("_reloading"))
+        ):
             state["progress"] = {"total_steps": self._total_steps, "anchor": list(self._anchor)}
             if self.__dict__.get("_anchor_epoch") is not None:
                 state["progress"]["anchor_epoch"] = self._anchor_epoch
             if self.__dict__.get("_length_args") is not None:
                 state["progress"]["length"] = dict(self._length_args)
+            if self.__dict__.get("_length_key") is not None:
+                state["progress"]["length_epoch"] = self._length_key[0]
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -659,6 +678,7 @@ class SpeedupCallback(Callback):
             epoch = saved.get("anchor_epoch")
             self._loaded_anchor_epoch = int(epoch) if epoch is not None else None
             self._loaded_length = saved.get("length")  # absent from older checkpoints: their total stands
+            self._loaded_length_epoch = saved.get("length_epoch")
 
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -676,7 +696,7 @@ class SpeedupCallback(Callback):
         # set by this class's `on_train_batch_end` and `log_now`: `on_train_end` tells whether either ran
         self.__dict__.pop("_knobs_checked", None)
         self._knobs_logged, self._first_step = False, 0
-        self._loaded_progress = self._loaded_length = None  # a checkpoint's, if any, is loaded after setup
+        self._loaded_progress = self._loaded_length = self._loaded_length_epoch = None  # a checkpoint's, loaded later
         # a new fit works its run length out again (an override of `on_train_start` without `super()` included):
         # nothing is kept from an earlier fit of this instance
         self._total_steps, self._epochs_bound, self._anchor = None, None, (0, 0.0)

@@ -379,6 +379,56 @@ def test_a_reload_run_resumed_with_more_epochs_spreads_progress_over_the_new_len
     assert [p for _, p in resumed.seen] == pytest.approx([p for _, p in longer.seen[2:]])
 
 
+def test_a_reload_run_resumed_from_its_end_with_more_epochs_continues_like_one_that_does_not_reload(tmp_path):
+    # every epoch's reload re-anchored the schedule at the progress reached under the old length, so "train
+    # longer" from the last checkpoint ran at another pace than the same resume without reloads
+    for reloads in (0, 1):
+        ckpt = ModelCheckpoint(dirpath=tmp_path / str(reloads), save_top_k=-1, every_n_epochs=1)
+        trainer(
+            callbacks=[ProgressProbe(), ckpt],
+            max_epochs=2,
+            reload_dataloaders_every_n_epochs=reloads,
+            enable_checkpointing=True,
+        ).fit(LoaderOfLengths((4,)))
+        longer, resumed = ProgressProbe(), ProgressProbe()
+        trainer(callbacks=[longer], max_epochs=4).fit(LoaderOfLengths((4,)))
+        trainer(callbacks=[resumed], max_epochs=4, reload_dataloaders_every_n_epochs=reloads).fit(
+            LoaderOfLengths((4,)), ckpt_path=str(tmp_path / str(reloads) / "epoch=1-step=8.ckpt")
+        )
+        assert [p for _, p in resumed.seen] == pytest.approx([p for _, p in longer.seen[8:]]), reloads
+
+
+def test_progress_read_after_the_last_epoch_leaves_the_schedule_as_it_is():
+    # a read after fit (Lightning's epoch then past the last) re-anchored at the end: a later resume was stuck at 1
+    class ReadsAtTheEnd(ProgressProbe):
+        def on_train_end(self, trainer, pl_module):
+            self.schedule = (self._total_steps, self._anchor)
+            self.at_end = self.progress(trainer)
+
+    probe = ReadsAtTheEnd()
+    t = trainer(callbacks=[probe], max_epochs=2, reload_dataloaders_every_n_epochs=1)
+    t.fit(LoaderOfLengths((4, 6)))
+    assert probe.at_end == 1.0 and (probe._total_steps, probe._anchor) == probe.schedule
+    assert probe.progress(t) == 1.0 and (probe._total_steps, probe._anchor) == probe.schedule  # after fit too
+
+
+def test_a_reload_run_of_unbounded_length_trains_with_a_callback_that_does_not_follow_progress():
+    # every reload worked out the progress reached, which has no meaning without a run length, and raised
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            data = loaders(n=8)[0].dataset
+            return iter([data[i] for i in range(8)])
+
+    class StreamModule(RecordingModule):
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(Stream(), batch_size=4)
+
+    callback = SpeedupCallback()
+    t = trainer(callbacks=[callback], max_epochs=2, reload_dataloaders_every_n_epochs=1)
+    t.fit(StreamModule(record=False))
+    assert t.global_step == 4 and "progress" not in callback.state_dict()  # no finite length to keep
+
+
 def test_progress_read_while_another_trainer_only_validates_builds_no_training_loader():
     # a callback that trained with reloads, reused by an evaluation script's trainer: reading progress in a
     # validation hook re-anchored, building that trainer's training loader (which its datamodule lacks)
