@@ -122,6 +122,16 @@ def run_length(
     return float(min(total, bounded))
 
 
+def _ran_out(trainer: pl.Trainer) -> bool:
+    """Whether the fit has reached its ``max_epochs`` or ``max_steps`` (what Lightning's ``fit_loop.done`` says
+    of them, without its side effects: that logs "`Trainer.fit` stopped" at each call)."""
+    loop = trainer.fit_loop
+    epochs = loop.max_epochs
+    if epochs is not None and 0 <= epochs <= loop.epoch_progress.current.processed:
+        return True
+    return trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step
+
+
 def _loader_key(trainer: pl.Trainer, epoch: int | None = None) -> tuple[int, Any]:
     """(the epoch, the epoch Lightning last built the training loader at): what a run's length, worked out with
     that loader's length for that epoch, holds for (``reload_dataloaders_every_n_epochs`` builds others)."""
@@ -274,7 +284,7 @@ class SpeedupCallback(Callback):
             trainer.reload_dataloaders_every_n_epochs
             and trainer.state.fn == TrainerFn.FITTING  # `validate` by another trainer builds no training loader
             and self.__dict__.get("_length_key") != _loader_key(trainer)
-            and not trainer.fit_loop.done  # read after the last epoch: nothing left to spread
+            and not _ran_out(trainer)  # read after the last epoch: nothing left to spread
             and not self.__dict__.get("_refreshing")
         ):
             # an epoch Lightning started without `on_train_epoch_start` (a run resumed at an epoch's last batch), or
@@ -355,12 +365,15 @@ class SpeedupCallback(Callback):
                 if length is not None:  # under this trainer's bounds, which a resumed run may have changed
                     self._total_steps = run_length(trainer, **length)
                 self._length_batches = (length or {}).get("batches")  # the checkpoint's loader's, not this one's
+                self._length_args = dict(length) if length is not None else None
                 # the last epoch the saved schedule held for: its anchor's, or a later one of the same length
                 was_for = set_for(self.__dict__.get("_loaded_length_epoch"), epoch0)
                 self._anchor_epoch, self._length_key = epoch0, None
             if was_for is not None and (epoch > was_for or (loaded is None and resized)):
                 self._refresh_total_steps(trainer, reloaded=True, batches=batches, epoch=epoch)
             assert self._total_steps is not None
+            # how this schedule's length was worked out, for `on_train_start` to keep (a later checkpoint saves it)
+            self._schedule_length = (self.__dict__.get("_length_args"), self.__dict__.get("_length_batches"))
             return self._total_steps, self._anchor, self._anchor_epoch
         finally:
             (self._total_steps, self._anchor, self._anchor_epoch, self._epochs_bound, self._length_key) = live[:5]
@@ -773,6 +786,7 @@ class SpeedupCallback(Callback):
             resumed = self._schedule_at(trainer, trainer.current_epoch)
             assert resumed is not None
             self._total_steps, self._anchor, self._anchor_epoch = resumed
+            self._length_args, self._length_batches = self._schedule_length
         self._loaded_progress = None
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

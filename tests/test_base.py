@@ -398,16 +398,41 @@ def test_a_reload_run_resumed_from_its_end_with_more_epochs_continues_like_one_t
         assert [p for _, p in resumed.seen] == pytest.approx([p for _, p in longer.seen[8:]]), reloads
 
 
-def test_progress_read_after_the_last_epoch_leaves_the_schedule_as_it_is():
+def test_a_reload_run_resumed_twice_continues_the_uninterrupted_schedule(tmp_path):
+    # the first resume saved its anchor beside a length worked out from epoch 0: the second resume ran to the end
+    # of the schedule two steps early
+    def run(folder, ckpt_path=None):
+        probe = ProgressProbe()
+        saving = ModelCheckpoint(dirpath=tmp_path / folder, every_n_train_steps=1, save_top_k=-1)
+        trainer(
+            callbacks=[probe, saving], max_epochs=3, reload_dataloaders_every_n_epochs=1, enable_checkpointing=True
+        ).fit(LoaderOfLengths((8, 4)), ckpt_path=ckpt_path)
+        return dict(probe.seen)
+
+    full = run("full")
+    once = run("once", str(tmp_path / "full" / "epoch=2-step=13.ckpt"))
+    twice = run("twice", str(tmp_path / "once" / "epoch=2-step=14.ckpt"))
+    assert sorted(once) == [13, 14, 15] and sorted(twice) == [14, 15]
+    for resumed in (once, twice):
+        assert [resumed[s] for s in sorted(resumed)] == pytest.approx([full[s] for s in sorted(resumed)])
+
+
+def test_progress_read_after_the_last_epoch_leaves_the_schedule_as_it_is(monkeypatch):
     # a read after fit (Lightning's epoch then past the last) re-anchored at the end: a later resume was stuck at 1
+    import lightning.pytorch.loops.fit_loop as fit_loop
+
+    said = []
+    monkeypatch.setattr(fit_loop, "rank_zero_info", said.append)
+
     class ReadsAtTheEnd(ProgressProbe):
         def on_train_end(self, trainer, pl_module):
             self.schedule = (self._total_steps, self._anchor)
-            self.at_end = self.progress(trainer)
+            self.at_end = [self.progress(trainer) for _ in range(3)][-1]
 
     probe = ReadsAtTheEnd()
     t = trainer(callbacks=[probe], max_epochs=2, reload_dataloaders_every_n_epochs=1)
     t.fit(LoaderOfLengths((4, 6)))
+    assert len([m for m in said if "stopped" in m]) == 1  # reads ask nothing of Lightning's loop that logs
     assert probe.at_end == 1.0 and (probe._total_steps, probe._anchor) == probe.schedule
     assert probe.progress(t) == 1.0 and (probe._total_steps, probe._anchor) == probe.schedule  # after fit too
 
