@@ -55,6 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
             "arguments it gives of that one; of a function preset, replaces it)"
         ),
     )
+    cmp.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="leave a callback of the preset out, by class name, e.g. ProgressiveResizing for non-image inputs "
+        "(repeatable)",
+    )
     cmp.add_argument("--model", help="your LightningModule class, as package.module:Class")
     cmp.add_argument("--datamodule", help="your LightningDataModule class, as package.module:Class")
     cmp.add_argument("--model-args", type=_json_dict, default={}, help="JSON keyword arguments of --model")
@@ -130,6 +138,7 @@ def _compare(args: argparse.Namespace) -> int:
     cfg = CompareConfig(
         preset=args.preset,
         callbacks=args.callbacks,
+        without=args.without,
         model=args.model,
         datamodule=args.datamodule,
         model_args=args.model_args,

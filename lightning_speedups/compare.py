@@ -62,6 +62,7 @@ class CompareConfig:
 
     preset: str | None = None  # None: DEFAULT_PRESET, unless callbacks are given
     callbacks: list[str] = field(default_factory=list)
+    without: list[str] = field(default_factory=list)  # class names of the preset's callbacks to leave out
     model: str | None = None
     datamodule: str | None = None
     model_args: dict[str, Any] = field(default_factory=dict)
@@ -289,6 +290,8 @@ def _recipe(cfg: CompareConfig) -> tuple[str, Callable[[], list[Callback]], dict
     for spec in cfg.callbacks:  # fail on bad specs now, not after the baseline trained
         parse_callback(spec)
     if cfg.callbacks and cfg.preset in (None, BASELINE):  # the baseline plus callbacks: those callbacks
+        if cfg.without:
+            raise CompareError("--without leaves callbacks out of a preset; without one, list the callbacks you want.")
         return "callbacks: " + ", ".join(cfg.callbacks), lambda: [parse_callback(s) for s in cfg.callbacks], {}
     name = cfg.preset or DEFAULT_PRESET
     if name == BASELINE:
@@ -313,9 +316,18 @@ def _recipe(cfg: CompareConfig) -> tuple[str, Callable[[], list[Callback]], dict
 
     def callbacks() -> list[Callback]:  # a fresh set per run
         built = presets.get(name, accelerator=cfg.accelerator, devices=cfg.devices, **overrides)
-        return built.with_callbacks([parse_callback(s) for s in added])
+        kept = [cb for cb in built.callbacks if type(cb).__name__ not in cfg.without]
+        return replace(built, callbacks=kept).with_callbacks([parse_callback(s) for s in added])
 
-    return (f"{name} + {', '.join(cfg.callbacks)}" if cfg.callbacks else name), callbacks, extra
+    has = {type(cb).__name__ for cb in recipe.callbacks}
+    unknown = [n for n in cfg.without if n not in has]
+    if unknown:  # a typo would leave the callback in, unsaid
+        raise CompareError(
+            f"--without {', '.join(unknown)}: preset {name!r} has no such callback; its callbacks: "
+            f"{', '.join(sorted(has)) or 'none'}."
+        )
+    label = name + "".join(f" - {n}" for n in cfg.without) + (f" + {', '.join(cfg.callbacks)}" if cfg.callbacks else "")
+    return label, callbacks, extra
 
 
 def _preset_overrides(name: str, specs: Sequence[str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
@@ -548,8 +560,8 @@ def _run(
         if (not cfg.callbacks or cfg.preset not in (None, BASELINE)) and arm not in (BASELINE, BUDGET):  # a preset's
             notes += (
                 " If a callback of the preset does not suit your model, change its arguments with "
-                "`--callback Name:arg=value` (those given change, a declarative preset's others stay), or list your "
-                "own with --callback alone "
+                "`--callback Name:arg=value` (those given change, a declarative preset's others stay), leave it out "
+                "with `--without Name`, or list your own with --callback alone "
                 f"(`lightning-speedups presets {cfg.preset or DEFAULT_PRESET}` shows the preset's)."
             )
         raise CompareError(

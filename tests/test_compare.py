@@ -374,6 +374,28 @@ def test_a_preset_with_callbacks_takes_them_as_recipe_trainer_does():
     assert label == "callbacks: MixUp" and [type(c) for c in make()] == [MixUp]  # the baseline plus MixUp
 
 
+def test_without_leaves_a_presets_callback_out():
+    # non-image inputs could run vision-mild only by listing its other callbacks by hand
+    from lightning_speedups.compare import _recipe
+
+    cfg = CompareConfig(preset="vision-mild", without=["ProgressiveResizing"], callbacks=["MixUp"], accelerator="cpu")
+    label, make, _ = _recipe(cfg)
+    assert label == "vision-mild - ProgressiveResizing + MixUp"
+    kept = [type(c).__name__ for c in presets.get("vision-mild").callbacks if type(c).__name__ != "ProgressiveResizing"]
+    assert [type(c).__name__ for c in make()] == [*kept, "MixUp"]
+    with pytest.raises(CompareError, match=r"--without Resizing: preset 'vision-mild' has no such callback; its call"):
+        _recipe(CompareConfig(preset="vision-mild", without=["Resizing"]))
+    with pytest.raises(CompareError, match="--without leaves callbacks out of a preset"):
+        _recipe(CompareConfig(callbacks=["MixUp"], without=["MixUp"]))
+
+
+def test_without_from_the_command_line(tmp_path, capsys):
+    args = ["compare", *TINY, "--repeats", "1", "--without", "ProgressiveResizing", "--output", str(tmp_path / "o")]
+    assert main(args) == 0
+    report = (tmp_path / "o" / "report.md").read_text()
+    assert "## vision-mild - ProgressiveResizing vs baseline" in report
+
+
 def test_a_presets_own_precision_is_part_of_its_arm(tmp_path, monkeypatch):
     from lightning_speedups.compare import CompareConfig, _recipe
 
