@@ -132,6 +132,24 @@ def _ran_out(trainer: pl.Trainer) -> bool:
     return trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step
 
 
+#: the attributes of a callback's schedule that `_schedule_at` works out for an epoch its hooks have not reached
+_SCHEDULE = (
+    "_total_steps",
+    "_anchor",
+    "_anchor_epoch",
+    "_epochs_bound",
+    "_length_key",
+    "_length_batches",
+    "_length_args",
+)
+
+
+def _latest(*epochs: int | None) -> int | None:
+    """The latest of the epochs given, ``None`` among them ignored (``None`` if all are)."""
+    known = [e for e in epochs if e is not None]
+    return max(known) if known else None
+
+
 def _loader_key(trainer: pl.Trainer, epoch: int | None = None) -> tuple[int, Any]:
     """(the epoch, the epoch Lightning last built the training loader at): what a run's length, worked out with
     that loader's length for that epoch, holds for (``reload_dataloaders_every_n_epochs`` builds others)."""
@@ -324,39 +342,24 @@ class SpeedupCallback(Callback):
         assert total is not None
         return 1.0 if total <= step0 else p0 + (1.0 - p0) * (step - step0) / (total - step0)
 
-    def _schedule_at(
-        self, trainer: pl.Trainer, epoch: int, batches: int | None = None
-    ) -> tuple[float, tuple[int, float], int | None] | None:
-        """``(total steps, anchor, anchor epoch)`` of the schedule at ``epoch`` of a run whose loader reloads, for a
-        loader that draws before the hooks that set them ran (``None`` if nothing is set yet): a resumed run's from
-        its checkpoint, before ``on_train_start`` restores them (workers prefetch while Lightning sets the loader
-        up); and at an epoch Lightning starts without ``on_train_epoch_start`` (after a restart at an epoch's end or
-        last batch), re-anchored at its start, as that hook would. ``batches``: the loader's batches per epoch,
-        which the trainer may not know yet."""
+    def _schedule_at(self, trainer: pl.Trainer, epoch: int, batches: int | None = None) -> dict[str, Any] | None:
+        """The schedule (its :data:`_SCHEDULE` attributes) at ``epoch`` of a run whose loader reloads, for a loader
+        that draws before the hooks that set it ran (``None`` if nothing is set yet): a resumed run's from its
+        checkpoint, before ``on_train_start`` restores it (workers prefetch while Lightning sets the loader up);
+        and at an epoch Lightning starts without ``on_train_epoch_start`` (after a restart at an epoch's end or last
+        batch), re-anchored at its start, as that hook would. ``batches``: the loader's batches per epoch, which the
+        trainer may not know yet. The callback's own schedule is left as it is."""
         reload = trainer.reload_dataloaders_every_n_epochs
         loaded = self.__dict__.get("_loaded_progress") if reload else None
-        live = (
-            self._total_steps,
-            self._anchor,
-            self.__dict__.get("_anchor_epoch"),
-            self.__dict__.get("_epochs_bound"),
-            self.__dict__.get("_length_key"),
-            self.__dict__.get("_length_batches"),
-            self.__dict__.get("_length_args"),
-        )
-
-        def set_for(length_epoch: int | None, anchor_epoch: int | None) -> int | None:
-            """The last epoch the schedule was set for: that of its loader's length, or of its anchor."""
-            known = [e for e in (length_epoch, anchor_epoch) if e is not None]
-            return max(known) if known else None
-
-        live_for = set_for(live[4][0] if live[4] is not None else None, live[2])
+        live = {name: self.__dict__.get(name) for name in _SCHEDULE}
+        key = live["_length_key"]
+        live_for = _latest(key[0] if key is not None else None, live["_anchor_epoch"])
         # a loader of another length than the live schedule's (Lightning reloads before it records the reload)
-        resized = batches is not None and live[5] is not None and batches != live[5]
+        resized = batches is not None and live["_length_batches"] is not None and batches != live["_length_batches"]
         if loaded is None and (
-            live[0] is None or not reload or live_for is None or (epoch <= live_for and not resized)
+            live["_total_steps"] is None or not reload or live_for is None or (epoch <= live_for and not resized)
         ):
-            return None if live[0] is None else live[:3]
+            return None if live["_total_steps"] is None else live
         try:
             was_for = live_for
             if loaded is not None:
@@ -367,17 +370,14 @@ class SpeedupCallback(Callback):
                 self._length_batches = (length or {}).get("batches")  # the checkpoint's loader's, not this one's
                 self._length_args = dict(length) if length is not None else None
                 # the last epoch the saved schedule held for: its anchor's, or a later one of the same length
-                was_for = set_for(self.__dict__.get("_loaded_length_epoch"), epoch0)
+                was_for = _latest(self.__dict__.get("_loaded_length_epoch"), epoch0)
                 self._anchor_epoch, self._length_key = epoch0, None
             if was_for is not None and (epoch > was_for or (loaded is None and resized)):
                 self._refresh_total_steps(trainer, reloaded=True, batches=batches, epoch=epoch)
             assert self._total_steps is not None
-            # how this schedule's length was worked out, for `on_train_start` to keep (a later checkpoint saves it)
-            self._schedule_length = (self.__dict__.get("_length_args"), self.__dict__.get("_length_batches"))
-            return self._total_steps, self._anchor, self._anchor_epoch
+            return {name: self.__dict__.get(name) for name in _SCHEDULE}
         finally:
-            (self._total_steps, self._anchor, self._anchor_epoch, self._epochs_bound, self._length_key) = live[:5]
-            self._length_batches, self._length_args = live[5], live[6]
+            self.__dict__.update(live)
 
     def _refresh_total_steps(
         self, trainer: pl.Trainer, *, reloaded: bool = False, batches: int | None = None, epoch: int | None = None
@@ -396,8 +396,8 @@ class SpeedupCallback(Callback):
                 # resumed run with another `max_epochs` works its length out from)
                 return
         if not reloaded:
-            self._total_steps, self._anchor = run_length(trainer, batches=batches), (0, 0.0)
-            self._note_length(trainer, batches, from_epoch=0, steps_before=0, with_max_steps=True)
+            self._anchor = (0, 0.0)
+            self._set_length(trainer, batches, from_epoch=0, steps_before=0, with_max_steps=True)
             return
         # A loader reloaded at this epoch's start, maybe with another length: the progress reached stands, and
         # the rest of the run (the steps taken so far, then the new length) spreads the remainder
@@ -412,20 +412,14 @@ class SpeedupCallback(Callback):
         clock = _clock(trainer)
         self._anchor = (clock, reached) if reached > 0.0 else (0, 0.0)
         self._anchor_epoch = epoch  # the epoch that starts at the anchor's step
-        self._total_steps = run_length(
-            trainer,
-            from_epoch=epoch,
-            steps_before=clock,
-            with_max_steps=not _counts_batches(trainer),  # in batches, max_steps counts other units
-            batches=batches,
-        )
-        self._note_length(
-            trainer, batches, from_epoch=epoch, steps_before=clock, with_max_steps=not _counts_batches(trainer)
-        )
+        in_steps = not _counts_batches(trainer)  # in batches (manual optimization), max_steps counts other units
+        self._set_length(trainer, batches, from_epoch=epoch, steps_before=clock, with_max_steps=in_steps)
 
-    def _note_length(self, trainer: pl.Trainer, batches: int | None, **length: Any) -> None:
-        """Keep how the run's length was worked out (``run_length``'s arguments), and with how many batches per
-        epoch: a resumed run works it out again under its own trainer's bounds (``max_epochs`` raised, say)."""
+    def _set_length(self, trainer: pl.Trainer, batches: int | None, **length: Any) -> None:
+        """The run's length, ``run_length(trainer, batches=batches, **length)``, and how it was worked out (with how
+        many batches per epoch): a resumed run works it out again under its own trainer's bounds (``max_epochs``
+        raised, say)."""
+        self._total_steps = run_length(trainer, batches=batches, **length)
         used = batches if batches is not None else trainer.num_training_batches
         self._length_batches = used
         self._length_args = {**length, "batches": int(used) if math.isfinite(used) else None}
@@ -785,8 +779,9 @@ class SpeedupCallback(Callback):
         if self._loaded_progress is not None and trainer.reload_dataloaders_every_n_epochs:
             resumed = self._schedule_at(trainer, trainer.current_epoch)
             assert resumed is not None
-            self._total_steps, self._anchor, self._anchor_epoch = resumed
-            self._length_args, self._length_batches = self._schedule_length
+            # its length, anchor and how the length was worked out; the loader key and bound stay this loader's
+            for name in ("_total_steps", "_anchor", "_anchor_epoch", "_length_args", "_length_batches"):
+                setattr(self, name, resumed[name])
         self._loaded_progress = None
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -118,7 +118,7 @@ def test_a_quick_run_of_every_section_records_its_time_for_the_quick_mode_goal(t
     monkeypatch.setattr("sys.argv", ["run.py", "--quick"])
     assert run.main() == 0
     saved = json.loads(record.read_text(encoding="utf-8"))
-    assert 0 <= saved["seconds"] < 60 and saved["date"] and "CPU" in saved["machine"]
+    assert saved["seconds"] >= 0 and saved["date"] and "CPU" in saved["machine"]
     goal, figure, outcome, _ = run.quick_goal()
     assert "under 10 minutes" in goal and figure.startswith(f"{saved['seconds'] / 60:.1f} min") and outcome == "met"
     assert "Quick mode" in run.summary({})

@@ -499,11 +499,10 @@ class ProgressiveResizing(SpeedupCallback):
             batches, total = self._steps(trainer, loader_batches)
             counts = self._epoch_counts[key] = (epoch_steps(trainer, batches, range(epoch)), total, batches)
         before, total, batches = counts
-        anchored, (step0, p0), since = self._total_steps, self._anchor, self.__dict__.get("_anchor_epoch")
-        if trainer.reload_dataloaders_every_n_epochs:  # the workers may draw before the hooks that set these
-            state = self._schedule_at(trainer, epoch, batches)
-            if state is not None:
-                anchored, (step0, p0), since = state
+        state = self.__dict__  # the callback's schedule, unless a reload run's workers draw before the hooks set it
+        if trainer.reload_dataloaders_every_n_epochs:
+            state = self._schedule_at(trainer, epoch, batches) or state
+        anchored, (step0, p0), since = state["_total_steps"], state["_anchor"], state.get("_anchor_epoch")
         if (step0, p0) != (0, 0.0) and since is not None and epoch >= since and anchored is not None:
             # a loader reloaded with another length (set at this epoch's start, before its sampler runs): as the
             # on-device schedule, the progress reached stands and the steps left spread the rest
