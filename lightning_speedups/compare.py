@@ -589,7 +589,8 @@ def _run(
             f"the {arm!r} run never validated: does the datamodule give validation data (a `val_dataloader` "
             "with batches) and the model a `validation_step` that logs the metric?"
         )
-    metrics = [c.metric for c in meter.history if math.isfinite(c.metric)]  # NaN: a run that diverged, not a scale
+    # NaN: a run that diverged, not a scale; an infinite value is no accuracy (a loss, a perplexity): refused
+    metrics = [c.metric for c in meter.history if not math.isnan(c.metric)]
     outside = next((m for m in metrics if not -_METRIC_SLACK <= m <= 1.0 + _METRIC_SLACK), None)
     if outside is not None:
         # a percentage: a target given as a fraction (all --target takes) would be met at the first validation

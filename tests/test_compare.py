@@ -820,6 +820,10 @@ class NanAtFirst(ImageClassifier):
         x, y = batch
         accuracy = (self(x).argmax(1) == y).float().mean()
         self.log("val_acc", accuracy if self.global_step > 2 else float("nan"))
+
+class Infinite(ImageClassifier):
+    def validation_step(self, batch, batch_idx):
+        self.log("val_acc", float("inf"))
 """
 
 
@@ -835,6 +839,10 @@ def test_a_metric_logged_as_a_percentage_is_refused_before_the_timed_runs(tmp_pa
     # NaN is no scale: a run that diverged (here its untimed warm-up only) is not refused as a percentage
     args = ["compare", "--model", "percent_mods:NanAtFirst", *TINY[2:], "--output", str(tmp_path / "nan")]
     assert main(args) == 0, capsys.readouterr().err
+    # an infinite value is no accuracy either (a loss or a perplexity named by --metric): refused, not ignored
+    args = ["compare", "--model", "percent_mods:Infinite", *TINY[2:], "--output", str(tmp_path / "inf")]
+    assert main(args) == 2
+    assert "val_acc=inf, outside [0, 1]" in capsys.readouterr().err
 
 
 def test_a_preset_that_does_not_suit_the_model_points_to_choosing_callbacks(tmp_path, monkeypatch, capsys):
