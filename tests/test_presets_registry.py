@@ -26,11 +26,13 @@ from lightning_speedups.presets import Preset, UnknownPresetError, declarative, 
 def registry():
     """Undo registrations made by a test."""
     saved = dict(presets._REGISTRY)
-    loaded = presets._entry_points_loaded
+    loaded, plugged = presets._entry_points_loaded, set(presets._FROM_ENTRY_POINTS)
     yield presets._REGISTRY
     presets._REGISTRY.clear()
     presets._REGISTRY.update(saved)
     presets._entry_points_loaded = loaded
+    presets._FROM_ENTRY_POINTS.clear()
+    presets._FROM_ENTRY_POINTS.update(plugged)
 
 
 def _install_plugin(tmp_path, monkeypatch, dist: str, entry_points: str) -> None:
@@ -146,7 +148,11 @@ def test_entry_point_group_registers_third_party_presets(registry, tmp_path, mon
     )
     _install_plugin(tmp_path, monkeypatch, "acme_presets", "acme = acme_presets:ACME\n")
     assert "acme-fast" in presets.names()
-    assert presets.get("acme-fast").callbacks[0].smoothing == 0.2
+    recipe = presets.get("acme-fast")
+    assert recipe.callbacks[0].smoothing == 0.2
+    # a plug-in's preset is found by the command in a process of its own: the replacement warning names it
+    with pytest.warns(UserWarning, match=r"\(`lightning-speedups presets acme-fast` lists them\)"):
+        recipe.with_callbacks([LabelSmoothing(smoothing=0.3)])
     sys.modules.pop("acme_presets", None)
 
 
