@@ -343,7 +343,7 @@ def dataset_labels(dataset: Dataset) -> np.ndarray | Sequence[Any] | None:
     """The class labels ``dataset`` carries: a torchvision-style ``targets``, a ``TensorDataset``'s second
     tensor, or those of the datasets under a ``Subset`` or ``ConcatDataset``; ``None`` if it has none."""
     if getattr(dataset, "targets", None) is not None:
-        return dataset.targets  # type: ignore[attr-defined]
+        return _positional(dataset.targets)  # type: ignore[attr-defined]
     if isinstance(dataset, TensorDataset) and len(dataset.tensors) >= 2:
         return dataset.tensors[1].cpu().numpy()
     if isinstance(dataset, Subset):
@@ -378,6 +378,15 @@ def dataset_labels(dataset: Dataset) -> np.ndarray | Sequence[Any] | None:
             )
         return [label for p in parts for label in p]  # type: ignore[union-attr]
     return None
+
+
+def _positional(labels: Any) -> Any:
+    """``labels`` indexable by position: an array-like that is neither a list, a tuple, an array nor a tensor (a
+    pandas Series or DataFrame) becomes an array, since ``series[i]`` looks ``i`` up in its index (a shuffled or
+    filtered frame's is not ``0..N-1``) and iterating a DataFrame gives its column names."""
+    if isinstance(labels, list | tuple | np.ndarray | Tensor) or not hasattr(labels, "__array__"):
+        return labels
+    return np.asarray(labels)
 
 
 def _id_column_as_ids(labels: np.ndarray) -> np.ndarray:

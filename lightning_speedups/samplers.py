@@ -27,7 +27,7 @@ import dataclasses
 import itertools
 import math
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -421,6 +421,13 @@ def check_plan_in_use(trainer: pl.Trainer, who: str) -> SamplingPlan:
             f"{who} cannot run with `Trainer(overfit_batches={trainer.overfit_batches})`: Lightning then replaces "
             "the training sampler with a sequential one, so the sampling would silently not happen. Remove "
             f"{who} for overfitting runs, or drop `overfit_batches`."
+        )
+    loaders = getattr(trainer, "train_dataloader", None)
+    if (plan is None or who not in plan.sources) and isinstance(loaders, Mapping | list | tuple):
+        raise RuntimeError(
+            f"{who} needs a single training loader, and `train_dataloader` returns {len(loaders)} in a "
+            f"{type(loaders).__name__} (Lightning combines them): the epoch list and its pacing follow one loader's "
+            "batches. Return `super().train_dataloader()` alone from the SpeedupDataModule's `train_dataloader`."
         )
     if plan is None or who not in plan.sources:
         raise RuntimeError(

@@ -352,6 +352,40 @@ def test_labels_through_random_split_and_concat():
     assert labels[6:] == [[1], [0, 1]]
 
 
+class _IndexedSeries:
+    """What a pandas Series of labels does that matters here: ``s[i]`` looks ``i`` up in its index (a shuffled
+    or filtered frame's is not ``0..N-1``), while ``np.asarray(s)`` and iteration go by position."""
+
+    def __init__(self, values, index):
+        self.values, self.index = list(values), list(index)
+
+    def __getitem__(self, key):
+        return self.values[self.index.index(key)]
+
+    def __len__(self):
+        return len(self.values)
+
+    def __iter__(self):
+        return iter(self.values)
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.values, dtype=dtype)
+
+
+def test_labels_of_a_subset_are_read_by_position_from_an_indexed_series():
+    from lightning_speedups.data import dataset_labels
+
+    frame = IndexedImages(4)
+    frame.targets = _IndexedSeries([3, 2, 1, 0], index=[3, 2, 1, 0])  # a frame shuffled (here reversed)
+    subset = torch.utils.data.Subset(frame, [0, 1])
+    np.testing.assert_array_equal(dataset_labels(subset), [3, 2])  # by index label: [0, 1], another class
+    filtered = IndexedImages(2)
+    filtered.targets = _IndexedSeries([1, 3], index=[1, 3])  # rows 0 and 2 dropped: no label 0 in the index
+    np.testing.assert_array_equal(dataset_labels(torch.utils.data.Subset(filtered, [1, 0])), [3, 1])
+    concat = torch.utils.data.ConcatDataset([frame, filtered])
+    np.testing.assert_array_equal(dataset_labels(concat), [3, 2, 1, 0, 1, 3])
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float32])
 def test_multi_hot_labels_through_concat_stay_multi_hot(dtype):
     from lightning_speedups.data import dataset_labels

@@ -104,6 +104,28 @@ def test_a_dataset_swapped_at_a_reload_gets_its_own_repeat_factors_even_of_the_s
     assert np.array_equal(copy_.factors, rfs.factors) and "_factors_of" not in copy_.__dict__
 
 
+def test_labels_the_datamodule_changes_at_a_reload_change_the_repeat_factors():
+    class Relabel(Callback):  # pseudo-labelling: new labels for the same training set at each epoch's end
+        def on_train_epoch_end(self, trainer, pl_module):
+            labels = np.zeros(80, dtype=np.int64)
+            labels[trainer.current_epoch : trainer.current_epoch + 2] = 1  # two rare samples, moving
+            trainer.datamodule.train_labels = labels
+
+    seed_everything(3)
+    given = long_tail(80)
+    fixed = RepeatFactorSampling(threshold=0.3, labels=given)  # given to the callback: read once per dataset
+    rfs = RepeatFactorSampling(threshold=0.3)
+    model, t = fit([rfs, Relabel()], max_epochs=3, reload_dataloaders_every_n_epochs=1)
+    new = np.zeros(80, dtype=np.int64)
+    new[1:3] = 1  # set at the end of epoch 1, read at epoch 2's loader
+    assert np.array_equal(rfs.factors, fs.repeat_factors(new, threshold=0.3))
+    assert rfs.epoch_length == round(fs.repeat_factors(new, threshold=0.3).sum()) != 80
+    last = [i for b in model.seen[-t.num_training_batches :] for i in b]
+    assert last == fs.repeat_factor_epoch(rfs.factors, seed=3, epoch=2).tolist()
+    model, _ = fit([fixed, Relabel()], max_epochs=2, reload_dataloaders_every_n_epochs=1)
+    assert np.array_equal(fixed.factors, fs.repeat_factors(given, threshold=0.3))
+
+
 def test_a_fresh_dataset_wrapper_per_call_is_warned_about_once_not_at_every_reload():
     from torch.utils.data import Subset
 
@@ -445,6 +467,9 @@ def test_difficulty_from_an_array_or_the_datamodule():
     np.testing.assert_array_equal(reverse, from_dm[::-1])
     anti = CurriculumOrdering(anti_curriculum=True).compute_order(dm, dm.train_dataset)
     np.testing.assert_array_equal(anti, from_dm[::-1])
+    hard = np.arange(80) % 4 == 0  # a flag per sample: the flagged ones come last
+    flagged = CurriculumOrdering(difficulty=hard).compute_order(dm, dm.train_dataset)
+    assert not hard[flagged[:60]].any() and hard[flagged[60:]].all()
 
 
 def per_sample_losses(model):
@@ -787,6 +812,11 @@ class OwnLoader(IndexDM):
         return DataLoader(self.train_dataset, batch_size=8, shuffle=True)
 
 
+class DictOfLoaders(IndexDM):
+    def train_dataloader(self):
+        return {"main": super().train_dataloader()}  # Lightning combines them: no single loader to pace
+
+
 difficulty_with_nan = np.arange(80.0)
 difficulty_with_nan[7] = np.nan
 
@@ -813,6 +843,8 @@ difficulty_with_nan[7] = np.nan
         ([RepeatFactorSampling(), Provider()], None, ValueError, "Several callbacks supply the training sampler"),
         ([RepeatFactorSampling()], OwnLoader(), RuntimeError, "did not supply the training sampler"),
         ([CurriculumOrdering()], OwnLoader(), RuntimeError, "did not supply the training sampler"),
+        ([RepeatFactorSampling()], DictOfLoaders(), RuntimeError, "needs a single training loader, and .* 1 in a dict"),
+        ([CurriculumOrdering()], DictOfLoaders(), RuntimeError, "needs a single training loader"),
     ],
 )
 def test_bad_input_fails_before_the_first_step(callbacks, dm, error, match):

@@ -147,7 +147,7 @@ class CurriculumOrdering(SpeedupCallback):
     Args:
         pacing: one of ``"fixed_exponential"``, ``"linear"``, ``"quad"``, ``"root"``, ``"step"``, ``"exp"``,
             ``"log"``.
-        difficulty: per-sample difficulty (higher = harder): an array, a scorer
+        difficulty: per-sample difficulty (higher = harder, finite; booleans read as 0/1): an array, a scorer
             ``scorer(pl_module, batch) -> (B,)`` run over the training set when training starts (e.g.
             :class:`LossScore`), or ``None`` for the datamodule's ``sample_difficulty()``.
         start_fraction: fraction of the easiest data available at the first step, in (0, 1].
@@ -269,6 +269,8 @@ class CurriculumOrdering(SpeedupCallback):
                 f"{self._who}: {name} must have one value per training sample ({size}), got shape {arr.shape}."
             )
         if finite:
+            if arr.dtype == np.bool_:  # a flag per sample (hard or not): hard is 1, after the easy 0s
+                arr = arr.astype(np.float64)
             if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):
                 raise ValueError(f"{self._who}: {name} must be real numbers, got dtype {arr.dtype}.")
             bad = np.flatnonzero(~np.isfinite(arr.astype(np.float64)))

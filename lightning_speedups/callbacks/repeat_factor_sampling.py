@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset, Sampler
 
 from lightning_speedups import _checks
@@ -54,7 +55,9 @@ class RepeatFactorSampling(SpeedupCallback):
         labels: class labels per training sample: an array or sequence (one class id per sample, a list of
             ids per sample, or a multi-hot ``(N, C)`` array or tensor of booleans or 0/1, not a Python list, whose
             rows are read as lists of ids; an ``(N, 1)`` integer array is a column of class ids), or a callable
-            taking the training dataset and returning them. ``None`` reads the datamodule's ``sample_labels()``.
+            taking the training dataset and returning them. ``None`` reads the datamodule's ``sample_labels()``,
+            again at each loader reload (labels changed there, pseudo-labels say, change the factors); an array
+            or callable given here is read once per training dataset (set ``labels`` anew to change it).
         sqrt: ``r(c) = max(1, sqrt(t / f(c)))`` (the LVIS rule); ``False`` uses ``max(1, t / f(c))``.
         log_top_k: how many of the largest class factors to log (``class_factor/<class id>``).
         seed: seed of the rounding and shuffling; ``None`` takes the datamodule's seed (``PL_GLOBAL_SEED``,
@@ -120,6 +123,10 @@ class RepeatFactorSampling(SpeedupCallback):
     # ------------------------------------------------------------------ factors
     def compute_factors(self, datamodule: SpeedupDataModule, dataset: Dataset) -> np.ndarray:
         """Per-sample repeat factors from the labels; checks the labels against ``dataset``."""
+        return self._factors_from(*self._read_labels(datamodule, dataset), dataset)
+
+    def _read_labels(self, datamodule: SpeedupDataModule, dataset: Dataset) -> tuple[Labels, str]:
+        """The labels of ``dataset``'s samples, and where they came from (for messages)."""
         who = type(self).__name__
         labels = self.labels
         if labels is None:
@@ -136,6 +143,10 @@ class RepeatFactorSampling(SpeedupCallback):
             source = "`labels(dataset)`"
         else:
             source = "`labels`"
+        return labels, source
+
+    def _factors_from(self, labels: Labels, source: str, dataset: Dataset) -> np.ndarray:
+        who = type(self).__name__
         try:
             table = fs.repeat_factor_table(labels, self.threshold, sqrt=self.sqrt)
         except (TypeError, ValueError) as err:
@@ -151,6 +162,7 @@ class RepeatFactorSampling(SpeedupCallback):
         self._class_ids, self._class_factors = table.class_ids, table.class_factors
         self.factors = factors = table.sample_factors
         self._factors_of = weak_ref(dataset)
+        self._labels_read, self._labels_given = labels, self.labels  # what `contribute_to_plan` compares
         self.epoch_length = fs.epoch_length(factors)
         # the same factors for another dataset object (a fresh wrapper per call) were said already
         if not again and self._class_factors.size == 0:
@@ -179,10 +191,22 @@ class RepeatFactorSampling(SpeedupCallback):
         self, plan: SamplingPlan, datamodule: SpeedupDataModule, dataset: Dataset, *, seed: int
     ) -> None:
         """Add the repeat factors to ``plan`` (how the callback composes with others)."""
-        # worked out again for another dataset (a loader reload that swapped it, of the same length too)
+        # Worked out again for another dataset (a loader reload that swapped it, of the same length too), for
+        # `labels` set anew, or for the datamodule's labels changed at a reload (pseudo-labels, relabelling): those
+        # are read at every loader built. Labels given to the callback (an array; a callable, which may read every
+        # sample) are read once per dataset.
         of = self.__dict__.get("_factors_of")
-        if self.factors is None or len(self.factors) != len(dataset) or of is None or of() is not dataset:  # type: ignore[arg-type]
-            self.compute_factors(datamodule, dataset)
+        same = (
+            self.factors is not None
+            and len(self.factors) == len(dataset)  # type: ignore[arg-type]
+            and of is not None
+            and of() is dataset
+            and self.__dict__.get("_labels_given") is self.labels
+        )
+        if not same or self.labels is None:
+            labels, source = self._read_labels(datamodule, dataset)
+            if not (same and _same_labels(labels, self.__dict__.get("_labels_read"))):
+                self._factors_from(labels, source, dataset)
         assert self.factors is not None
         plan.add_repeat_factors(
             self.factors,
@@ -256,8 +280,21 @@ class RepeatFactorSampling(SpeedupCallback):
         # factors were worked out for, so a copy works them out again for the dataset it meets
         state = dict(self.__dict__)
         state.pop("_factors_of", None)
+        state.pop("_labels_read", None)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self._restored_length = state_dict.get("epoch_length")  # compared at train start
+
+
+def _same_labels(labels: Labels, before: Labels) -> bool:
+    """Whether ``labels`` are those read before: the same object, or arrays (tensors) of equal values. Other
+    sequences read anew (a new list) count as changed: the factors are worked out again, as they are cheap."""
+    if labels is before:
+        return True
+    arrays = np.ndarray | torch.Tensor
+    if not isinstance(labels, arrays) or not isinstance(before, arrays):
+        return False
+    a, b = np.asarray(labels), np.asarray(before)
+    return a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(a, b))

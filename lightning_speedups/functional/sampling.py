@@ -409,7 +409,7 @@ def difficulty_order(
     if d is not None and np.isnan(d).any():  # NaN sorts last: it would count as the hardest, silently
         raise ValueError(
             f"`difficulty` has NaN scores (the first at index {int(np.flatnonzero(np.isnan(d))[0])}); give every "
-            "sample a number (inf for the hardest)."
+            "sample a number (the largest for the hardest)."
         )
     n = len(d) if d is not None else (len(t) if t is not None else num_samples)
     if n is None:
