@@ -384,9 +384,12 @@ def _positional(labels: Any) -> Any:
     """``labels`` indexable by position: an array-like that is neither a list, a tuple, an array nor a tensor (a
     pandas Series or DataFrame) becomes an array, since ``series[i]`` looks ``i`` up in its index (a shuffled or
     filtered frame's is not ``0..N-1``) and iterating a DataFrame gives its column names."""
-    if isinstance(labels, list | tuple | np.ndarray | Tensor) or not hasattr(labels, "__array__"):
+    if isinstance(labels, Sequence | np.ndarray | Tensor) or not hasattr(labels, "__array__"):
+        return labels  # a Sequence (pandas' are not) is indexed by position already; ragged lists stay lists
+    try:
+        return np.asarray(labels)
+    except ValueError:  # not one array: left to be read as a sequence
         return labels
-    return np.asarray(labels)
 
 
 def _id_column_as_ids(labels: np.ndarray) -> np.ndarray:

@@ -385,6 +385,14 @@ def test_labels_of_a_subset_are_read_by_position_from_an_indexed_series():
     concat = torch.utils.data.ConcatDataset([frame, filtered])
     np.testing.assert_array_equal(dataset_labels(concat), [3, 2, 1, 0, 1, 3])
 
+    class LabelList(list):  # a sequence, indexed by position already: its rows stay lists of ids
+        def __array__(self, dtype=None, copy=None):
+            return np.asarray(list(self), dtype=dtype)
+
+    listed = IndexedImages(3)
+    listed.targets = LabelList([[0, 1], [1, 0], [2]])
+    assert dataset_labels(torch.utils.data.Subset(listed, [1, 2])) == [[1, 0], [2]]
+
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float32])
 def test_multi_hot_labels_through_concat_stay_multi_hot(dtype):

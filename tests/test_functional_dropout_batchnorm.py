@@ -32,6 +32,17 @@ class DropPath(nn.Module):
         return x * keep / (1 - self.drop_prob)
 
 
+class SharedDropout(nn.Module):
+    """A user's own dropout module (the same mask over a sequence), keeping its rate as ``p``."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:  # (N, L, C): one mask per sample, shared along L
+        return nn.functional.dropout(x.new_ones(x.shape[0], 1, x.shape[2]), self.p, self.training) * x
+
+
 class EveryDropout(nn.Module):
     """One of each kind of dropout the issue lists, in a model that runs."""
 
@@ -53,6 +64,7 @@ class EveryDropout(nn.Module):
         self.block2d = DropBlock2d(0.3, block_size=1)
         self.block3d = DropBlock3d(0.3, block_size=1)
         self.drop_rate = 0.4  # timm models' head dropout: F.dropout(x, self.drop_rate) in forward
+        self.shared = SharedDropout(0.3)
         self.off = nn.Dropout(0.0)  # already off: not counted as removed
 
     def forward(self, x: Tensor) -> Tensor:  # x: (N, L, 6)
@@ -66,7 +78,7 @@ class EveryDropout(nn.Module):
         h = self.lstm(h)[0]
         h = self.block2d(h.unsqueeze(1)).squeeze(1)
         h = self.block3d(h.unsqueeze(1).unsqueeze(1)).squeeze(1).squeeze(1)
-        h = nn.functional.dropout(h, self.drop_rate, self.training)
+        h = nn.functional.dropout(self.shared(h), self.drop_rate, self.training)
         return self.off(self.path(h) + self.depth(h))
 
 
@@ -95,6 +107,7 @@ def test_every_kind_is_found_and_switched_off():
         ("block2d", "p"),
         ("block3d", "p"),
         ("", "drop_rate"),
+        ("shared", "p"),
         ("off", "p"),
     ]:
         assert expected in found, expected

@@ -491,6 +491,74 @@ def test_an_image_and_its_mask_come_to_the_same_size_the_mask_with_nearest(facto
         ScheduledResize()("not an image", 3)
 
 
+class Segmentation(Dataset):
+    """Images and their masks (class 1 where the first channel is bright), through a v2 transform in one call."""
+
+    def __init__(self, n: int, transform: Any = None, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.rand(n, 3, SIZE, SIZE, generator=g)
+        self.m = (self.x[:, 0] > 0.5).long()
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        from torchvision import tv_tensors
+
+        image, mask = tv_tensors.Image(self.x[i]), tv_tensors.Mask(self.m[i])
+        if self.transform is not None:
+            image, mask = self.transform(image, mask)
+        return image.as_subclass(Tensor), mask.as_subclass(Tensor)
+
+
+class SegmentationData(SpeedupDataModule):
+    def setup(self, stage: str) -> None:
+        self.train_dataset = Segmentation(32, ScheduledResize(SIZE, interpolation="nearest"))
+        self.val_dataset = Segmentation(8, seed=1)  # full size: the callback brings it to the training size
+
+    def val_dataloader(self):
+        return self.eval_dataloader(self.val_dataset)
+
+
+class PixelClassifier(LightningModule):
+    """Per-pixel logits at the input's size; its loss needs masks of that size too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 2, 3, padding=1)
+        self.val_pairs: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, mask = batch
+        return F.cross_entropy(self.conv(x), mask)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, mask = batch
+        self.val_pairs.append((tuple(x.shape[-2:]), tuple(mask.shape[-2:])))
+        self.log("val_loss", F.cross_entropy(self.conv(x), mask))
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_validation_masks_follow_their_images_to_the_training_size_with_resize_targets():
+    # the workers size the training masks; validation at the training size shrank the images only, and a model
+    # whose loss needs masks of its output's size failed an epoch into training
+    model = PixelClassifier()
+    cb = ProgressiveResizing(0.5, 0.5, 0.2, mode="pipeline", resize_targets=True)
+    trainer(callbacks=[cb], max_epochs=2, num_sanity_val_steps=0).fit(
+        model, datamodule=SegmentationData(batch_size=8, num_workers=0)
+    )
+    assert model.val_pairs == [((8, 8), (8, 8)), ((16, 16), (16, 16))]
+    # without it: said at the first training batch, before the first validation
+    said = pytest.warns(SpeedupWarning, match=r"look like masks of the images' size.*`resize_targets=True`")
+    with said, pytest.raises(RuntimeError, match="size"):
+        trainer(callbacks=[ProgressiveResizing(0.5, 0.5, 0.2, mode="pipeline")], max_epochs=2).fit(
+            PixelClassifier(), datamodule=SegmentationData(batch_size=8, num_workers=0)
+        )
+
+
 def test_wrappers_directly():
     base = TransformedImages(8, ScheduledResize(interpolation="nearest"))
     wrapped = ResolutionDataset(base)

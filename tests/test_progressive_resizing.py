@@ -689,7 +689,6 @@ def test_crop_after_cutmix_is_refused_and_before_it_is_fine():
         ({"min_res": 16, "max_res": 8, "start_ramp": 0, "end_ramp": 1}, "`max_res` .* must be >= `min_res`"),
         ({"min_res": 8, "max_res": 16, "start_ramp": 3, "end_ramp": 1}, "`end_ramp` .* must be >= `start_ramp`"),
         ({"min_res": 8, "max_res": 16, "start_ramp": 0, "end_ramp": 1, "initial_scale": 0.3}, "not both"),
-        ({"mode": "pipeline", "resize_targets": True}, "resize_targets"),
         ({"calibration_forward": 3}, "`calibration_forward` must be callable"),
     ],
 )

@@ -107,9 +107,11 @@ def test_a_dataset_swapped_at_a_reload_gets_its_own_repeat_factors_even_of_the_s
 def test_labels_the_datamodule_changes_at_a_reload_change_the_repeat_factors():
     class Relabel(Callback):  # pseudo-labelling: new labels for the same training set at each epoch's end
         def on_train_epoch_end(self, trainer, pl_module):
-            labels = np.zeros(80, dtype=np.int64)
-            labels[trainer.current_epoch : trainer.current_epoch + 2] = 1  # two rare samples, moving
-            trainer.datamodule.train_labels = labels
+            dm, epoch = trainer.datamodule, trainer.current_epoch
+            if epoch == 0:
+                dm.train_labels = np.zeros(80, dtype=np.int64)  # set anew
+            dm.train_labels[:] = 0  # then changed in place
+            dm.train_labels[epoch : epoch + 2] = 1  # two rare samples, moving
 
     seed_everything(3)
     given = long_tail(80)

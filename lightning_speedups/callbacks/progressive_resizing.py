@@ -153,7 +153,8 @@ class ProgressiveResizing(SpeedupCallback):
         interpolation: ``"nearest"`` (Composer's choice), ``"bilinear"`` or ``"bicubic"``, for on-device resizing.
         antialias: antialiased bilinear/bicubic downsizing.
         resize_targets: also resize dense targets (masks ``(N, H, W)`` or ``(N, C, H, W)``), by nearest
-            sampling (crop mode: the same crop). Not with ``mode="pipeline"``, where your transforms do it.
+            sampling (crop mode: the same crop). With ``mode="pipeline"``, where your transforms size the training
+            masks, it resizes those of validation batches brought to the training size (``"train_size"``).
         min_res: FFCV ramp: shorter side (pixels) until ``start_ramp``.
         max_res: FFCV ramp: shorter side from ``end_ramp`` on.
         start_ramp: FFCV ramp: epoch where the ramp starts.
@@ -231,11 +232,6 @@ class ProgressiveResizing(SpeedupCallback):
         self.interpolation = interpolation
         self.antialias = _checks.flag("antialias", antialias)
         self.resize_targets = _checks.flag("resize_targets", resize_targets)
-        if self.resize_targets and mode == "pipeline":
-            raise ValueError(
-                "`resize_targets=True` resizes masks on the device; with mode='pipeline' your dataset's "
-                "transforms produce the masks at the batch's size (read it with `current_resize_plan()`)."
-            )
         self.ramp = self._check_ramp(min_res, max_res, start_ramp, end_ramp, res_increment)
         if self.ramp is not None:
             given = {"initial_scale": initial_scale, "delay_fraction": delay_fraction}
@@ -347,6 +343,8 @@ class ProgressiveResizing(SpeedupCallback):
         target = self.fields.get_target(batch) if self.resize_targets else None
         if not self._checked:
             self._check_batch(x, target)
+            if self.mode == "pipeline" and self.val_remedy == "train_size" and not self.resize_targets:
+                self._warn_unresized_validation_masks(batch, x)
             if self._recalibrates:
                 self._check_calibration_forward(trainer, pl_module, x)
             self._checked = True
@@ -412,6 +410,23 @@ class ProgressiveResizing(SpeedupCallback):
                     f"{who}: dense targets {tuple(target.shape)} must match the images {tuple(x.shape)} in batch "
                     "size, height and width."
                 )
+
+    def _warn_unresized_validation_masks(self, batch: Any, x: Tensor) -> None:
+        """Pipeline mode: training masks come sized by the workers, but validation brings only the images to the
+        training size unless ``resize_targets``: a model that does not size its output to the mask's would fail
+        there (or, for boxes, score against full-size coordinates), an epoch into training."""
+        try:
+            target = self.fields.get_target(batch)
+        except Exception:  # no target where `target_key` looks: nothing dense to say about
+            return
+        dense = isinstance(target, Tensor) and target.ndim in (3, 4) and target.shape[0] == x.shape[0]
+        if dense and tuple(target.shape[-2:]) == tuple(x.shape[-2:]):
+            self.warn(
+                f"the training targets {tuple(target.shape)} look like masks of the images' size, made by your "
+                "pipeline; validation='train_size' brings validation images to the training size but leaves their "
+                "targets at full size. Pass `resize_targets=True` to resize them with the images (nearest), or "
+                "validation='full' (with boxes, use 'full': their coordinates are not rescaled)."
+            )
 
     def transform_validation_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
         """With the ``"train_size"`` remedy: bring validation batches of ``fit`` to the current training scale."""

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset, Sampler
 
 from lightning_speedups import _checks
@@ -123,10 +122,6 @@ class RepeatFactorSampling(SpeedupCallback):
     # ------------------------------------------------------------------ factors
     def compute_factors(self, datamodule: SpeedupDataModule, dataset: Dataset) -> np.ndarray:
         """Per-sample repeat factors from the labels; checks the labels against ``dataset``."""
-        return self._factors_from(*self._read_labels(datamodule, dataset), dataset)
-
-    def _read_labels(self, datamodule: SpeedupDataModule, dataset: Dataset) -> tuple[Labels, str]:
-        """The labels of ``dataset``'s samples, and where they came from (for messages)."""
         who = type(self).__name__
         labels = self.labels
         if labels is None:
@@ -143,10 +138,6 @@ class RepeatFactorSampling(SpeedupCallback):
             source = "`labels(dataset)`"
         else:
             source = "`labels`"
-        return labels, source
-
-    def _factors_from(self, labels: Labels, source: str, dataset: Dataset) -> np.ndarray:
-        who = type(self).__name__
         try:
             table = fs.repeat_factor_table(labels, self.threshold, sqrt=self.sqrt)
         except (TypeError, ValueError) as err:
@@ -162,7 +153,7 @@ class RepeatFactorSampling(SpeedupCallback):
         self._class_ids, self._class_factors = table.class_ids, table.class_factors
         self.factors = factors = table.sample_factors
         self._factors_of = weak_ref(dataset)
-        self._labels_read, self._labels_given = labels, self.labels  # what `contribute_to_plan` compares
+        self._labels_given = self.labels  # what `contribute_to_plan` compares
         self.epoch_length = fs.epoch_length(factors)
         # the same factors for another dataset object (a fresh wrapper per call) were said already
         if not again and self._class_factors.size == 0:
@@ -203,10 +194,8 @@ class RepeatFactorSampling(SpeedupCallback):
             and of() is dataset
             and self.__dict__.get("_labels_given") is self.labels
         )
-        if not same or self.labels is None:
-            labels, source = self._read_labels(datamodule, dataset)
-            if not (same and _same_labels(labels, self.__dict__.get("_labels_read"))):
-                self._factors_from(labels, source, dataset)
+        if not same or self.labels is None:  # the datamodule's: changed in place too, so worked out anew (cheap)
+            self.compute_factors(datamodule, dataset)
         assert self.factors is not None
         plan.add_repeat_factors(
             self.factors,
@@ -280,21 +269,8 @@ class RepeatFactorSampling(SpeedupCallback):
         # factors were worked out for, so a copy works them out again for the dataset it meets
         state = dict(self.__dict__)
         state.pop("_factors_of", None)
-        state.pop("_labels_read", None)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self._restored_length = state_dict.get("epoch_length")  # compared at train start
-
-
-def _same_labels(labels: Labels, before: Labels) -> bool:
-    """Whether ``labels`` are those read before: the same object, or arrays (tensors) of equal values. Other
-    sequences read anew (a new list) count as changed: the factors are worked out again, as they are cheap."""
-    if labels is before:
-        return True
-    arrays = np.ndarray | torch.Tensor
-    if not isinstance(labels, arrays) or not isinstance(before, arrays):
-        return False
-    a, b = np.asarray(labels), np.asarray(before)
-    return a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(a, b))

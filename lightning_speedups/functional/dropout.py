@@ -7,7 +7,8 @@ and any reference to its modules stay as they were):
 * ``nn.Dropout``, ``nn.Dropout1d/2d/3d``, ``nn.AlphaDropout``, ``nn.FeatureAlphaDropout``: attribute ``p``;
 * ``torchvision.ops.StochasticDepth``, ``DropBlock2d`` and ``DropBlock3d``: attribute ``p``;
 * timm-style ``DropPath`` and ``DropBlock2d`` (a module with a float or 0-d tensor ``drop_prob``): ``drop_prob``;
-* timm's ``PatchDropout`` (a module whose class name contains ``Drop``, with a float ``prob``): ``prob``;
+* timm's ``PatchDropout`` and your own dropout modules (a module whose class name contains ``Drop``, with a float
+  ``prob`` or ``p``): ``prob``, ``p``;
 * the attention dropout of ``nn.MultiheadAttention`` (hence of ``nn.Transformer*Layer``, whose other dropouts
   are ``nn.Dropout`` modules), the inter-layer dropout of ``nn.RNN/LSTM/GRU``, and any module with a float
   attribute named in :data:`FLOAT_ATTRIBUTES`: ``dropout``, ``attention_dropout``, ``dropout_p`` (attention
@@ -112,12 +113,10 @@ def _attribute(module: nn.Module, p_types: tuple[type, ...]) -> list[str]:
     found = []
     if _rate(getattr(module, "drop_prob", None)) is not None and _settable(module, "drop_prob"):
         found.append("drop_prob")
-    if (
-        "drop" in type(module).__name__.lower()
-        and _is_probability(getattr(module, "prob", None))
-        and _settable(module, "prob")
-    ):
-        found.append("prob")  # timm's PatchDropout (a ViT's patch_drop_rate)
+    if "drop" in type(module).__name__.lower():
+        # timm's PatchDropout (a ViT's patch_drop_rate) keeps `prob`; a user's own `SharedDropout` often `p`, for
+        # `F.dropout(x, self.p, self.training)`
+        found.extend(n for n in ("p", "prob") if _is_probability(getattr(module, n, None)) and _settable(module, n))
     for name in FLOAT_ATTRIBUTES:
         if _is_probability(getattr(module, name, None)) and _settable(module, name):
             found.append(name)
