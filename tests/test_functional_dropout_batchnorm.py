@@ -170,6 +170,17 @@ def test_a_model_without_dropout_has_no_sites():
     assert disable_dropout(nn.Linear(2, 2)) == []
 
 
+def test_an_augmentation_named_like_a_dropout_keeps_its_chance_of_applying():
+    class RandomChannelDropout(nn.Module):  # kornia's augmentations keep `p` (chance of applying) and `p_batch`
+        def __init__(self) -> None:
+            super().__init__()
+            self.p, self.p_batch = 0.5, 1.0
+
+    model = nn.Sequential(RandomChannelDropout(), SharedDropout(0.3))
+    assert [(s.name, s.attribute) for s in disable_dropout(model)] == [("1", "p")]
+    assert model[0].p == 0.5 and model[1].p == 0.0
+
+
 # ---------------------------------------------------------------------------------------------- BatchNorm
 def bn_net() -> nn.Module:
     return nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.BatchNorm2d(3), nn.Dropout(0.5), nn.BatchNorm2d(3))

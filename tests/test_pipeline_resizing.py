@@ -552,8 +552,18 @@ def test_validation_masks_follow_their_images_to_the_training_size_with_resize_t
     )
     assert model.val_pairs == [((8, 8), (8, 8)), ((16, 16), (16, 16))]
     # without it: said at the first training batch, before the first validation
+    # nor where validation never shrinks anything: no validation, or a schedule at full size throughout
+    quiet = [(ProgressiveResizing(1.0, mode="pipeline"), {})]
+    quiet.append((ProgressiveResizing(0.5, 0.5, 0.2, mode="pipeline"), {"limit_val_batches": 0}))
+    for cb, kwargs in quiet:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer(callbacks=[cb], max_epochs=1, **kwargs).fit(
+                PixelClassifier(), datamodule=SegmentationData(batch_size=8, num_workers=0)
+            )
+        assert not [w for w in caught if "look like masks" in str(w.message)]
     said = pytest.warns(SpeedupWarning, match=r"look like masks of the images' size.*`resize_targets=True`")
-    with said, pytest.raises(RuntimeError, match="size"):
+    with said, pytest.raises(RuntimeError, match="size"):  # an epoch into training: at the first validation
         trainer(callbacks=[ProgressiveResizing(0.5, 0.5, 0.2, mode="pipeline")], max_epochs=2).fit(
             PixelClassifier(), datamodule=SegmentationData(batch_size=8, num_workers=0)
         )

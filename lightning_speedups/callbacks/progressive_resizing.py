@@ -341,10 +341,9 @@ class ProgressiveResizing(SpeedupCallback):
             return batch
         x = self.fields.get_input(batch)
         target = self.fields.get_target(batch) if self.resize_targets else None
-        if not self._checked:
+        first = not self._checked
+        if first:
             self._check_batch(x, target)
-            if self.mode == "pipeline" and self.val_remedy == "train_size" and not self.resize_targets:
-                self._warn_unresized_validation_masks(batch, x)
             if self._recalibrates:
                 self._check_calibration_forward(trainer, pl_module, x)
             self._checked = True
@@ -362,6 +361,9 @@ class ProgressiveResizing(SpeedupCallback):
             and plan.is_full
             and (self.initial_scale >= 1.0 or progress >= 1.0 - self.finetune_fraction)
         )
+        masks_left = self.mode == "pipeline" and self.val_remedy == "train_size" and not self.resize_targets
+        if first and masks_left and not self._settled and _validates(trainer):  # validation may yet be shrunk
+            self._warn_unresized_validation_masks(batch, x)
         full = (int(x.shape[-2]), int(x.shape[-1]))
         if self.mode == "pipeline":
             self._size = full  # the pipeline already made it; full-size batches are loaded when needed

@@ -107,13 +107,18 @@ def _settable(module: nn.Module, name: str) -> bool:
     return not (isinstance(static, property) and static.fset is None)
 
 
+def _is_augmentation(module: nn.Module) -> bool:
+    """A data augmentation module (kornia's ``RandomChannelDropout``), whose ``p`` is the chance of applying it."""
+    return type(module).__module__.startswith("kornia.") or hasattr(module, "p_batch")
+
+
 def _attribute(module: nn.Module, p_types: tuple[type, ...]) -> list[str]:
     if isinstance(module, p_types):
         return ["p"]
     found = []
     if _rate(getattr(module, "drop_prob", None)) is not None and _settable(module, "drop_prob"):
         found.append("drop_prob")
-    if "drop" in type(module).__name__.lower():
+    if "drop" in type(module).__name__.lower() and not _is_augmentation(module):
         # timm's PatchDropout (a ViT's patch_drop_rate) keeps `prob`; a user's own `SharedDropout` often `p`, for
         # `F.dropout(x, self.p, self.training)`
         found.extend(n for n in ("p", "prob") if _is_probability(getattr(module, n, None)) and _settable(module, n))
