@@ -370,6 +370,8 @@ class TargetTransformCallback(SpeedupCallback):
             )
         if self.transforms_batches and self.fields.getter is None:
             self.check_single_loader(trainer, "training batches with one input and one target")
+        if self.may_act and (self.start, self.end) != (0.0, 1.0):
+            self.progress(trainer)  # a window needs a finite run length: refused here, not at the first batch
         self._watch_metrics(trainer, pl_module)
 
     def _watch_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

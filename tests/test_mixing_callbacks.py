@@ -182,6 +182,19 @@ def test_probability_and_window():
     assert 0 < sum(smoothed) < len(smoothed)
 
 
+def test_a_window_in_a_run_bounded_by_time_alone_is_refused_before_the_first_batch():
+    from lightning.pytorch.callbacks import LambdaCallback
+
+    epochs = []
+    started = LambdaCallback(on_train_epoch_start=lambda *_: epochs.append(1))
+    model = RecordingModule()
+    with pytest.raises(RuntimeError, match="MixUp follows training progress, which needs a finite run length"):
+        trainer(callbacks=[MixUp(start=0.5), started], max_epochs=-1, max_time={"minutes": 5}).fit(
+            model, *loaders("list")
+        )
+    assert epochs == [] and model.train_batches == []  # at fit start, not at the first batch
+
+
 def test_hard_labels_for_training_metrics():
     model = RecordingModule()
     train, val = loaders("dict")
