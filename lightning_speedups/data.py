@@ -128,6 +128,31 @@ class ResumableDataLoader(DataLoader):
             # override): it records this loader's position in checkpoints and hands it a restored one
             speedups_datamodule._adopt_train_loader(self)
 
+    def __iter__(self) -> Any:
+        if not self.__dict__.get("_restart_checked"):
+            self._restart_checked = True
+            self._warn_position_lost()
+        return super().__iter__()
+
+    def _warn_position_lost(self) -> None:
+        """A run resumed mid-epoch from a checkpoint that holds no position of the training data (saved by a loader
+        that kept none, before a move to SpeedupDataModule): the epoch's data restart at its first batch while
+        Lightning counts the batches done, so some are trained twice and others not at all. Lightning warns of it
+        for loaders without state; being one with state, this one must say it itself."""
+        dm = self.speedups_datamodule
+        trainer = dm.trainer if dm is not None else None
+        if trainer is None or "_loaded_state" in self.__dict__ or not trainer.fit_loop.restarting:
+            return
+        done = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        if 0 < done < trainer.num_training_batches:
+            rank_zero_warn(
+                f"The checkpoint was saved mid-epoch ({done} batches done) but holds no position of the training "
+                "data (its run's loader kept none): this epoch's data start again at their first batch while "
+                f"Lightning counts {done} done, so some batches are trained twice and others not at all. Resume "
+                "from an epoch-end checkpoint for a clean epoch; checkpoints of this run record the position.",
+                category=SpeedupWarning,
+            )
+
     @property
     def order_sampler(self) -> Any:
         """The sampler that orders the samples: the ``batch_sampler``'s own sampler when one was given (the
@@ -245,6 +270,18 @@ class ResumableDataLoader(DataLoader):
                 category=SpeedupWarning,
             )
 
+    @staticmethod
+    def _warn_cut_epoch(state_dict: dict[str, int], trainer: pl.Trainer) -> None:
+        rank_zero_warn(
+            f"The checkpoint was saved at the end of epoch {state_dict['epoch']}, which `max_steps` cut short after "
+            f"{state_dict['batches']} batches: Lightning 2.6 counts that epoch as finished, so the resumed run trains "
+            "its remaining batches from the next epoch's order, and each later epoch one epoch's order ahead of the "
+            "uninterrupted run. For an exact resume use a checkpoint saved mid-epoch "
+            "(`ModelCheckpoint(every_n_train_steps=...)`, at the step `max_steps` stopped), not one saved at the "
+            "epoch's end (`save_last`, `save_on_train_epoch_end`).",
+            category=SpeedupWarning,
+        )
+
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         # Called before Lightning creates the first iterator of the resumed run, and before it calls
         # set_epoch: the sampler must be put on the right epoch here, or that iterator replays a stale one.
@@ -260,6 +297,14 @@ class ResumableDataLoader(DataLoader):
         if seeds is not None and saved is not None and [int(s) for s in saved] != seeds:
             self._warn_seeds([int(s) for s in saved], seeds, dm)  # type: ignore[arg-type]
         done = bool(state_dict.get("epoch_done"))
+        trainer = dm.trainer if dm is not None else None
+        resuming = trainer is not None and (trainer.fit_loop.restarting or _restoring_checkpoint(trainer))
+        counted = int(trainer.fit_loop.epoch_progress.current.processed) if resuming else None  # type: ignore[union-attr]
+        if not done and state_dict.get("batches") and counted is not None and counted > state_dict["epoch"]:
+            # saved after the end hooks of an epoch that `max_steps` cut short: Lightning counts it finished and
+            # goes on with the next epoch's order, for the batches the cut epoch had left
+            self._warn_cut_epoch(state_dict, trainer)  # type: ignore[arg-type]
+            state_dict = {**state_dict, "epoch": counted, "batches": 0}
         if not done and state_dict.get("batches"):
             self._warn_geometry(state_dict, dm)
         epoch = state_dict["epoch"] + 1 if done else state_dict["epoch"]

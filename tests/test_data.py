@@ -10,7 +10,7 @@ import pytest
 import torch
 from lightning.pytorch import seed_everything
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from torch.utils.data import ConcatDataset, DistributedSampler, Sampler, TensorDataset
+from torch.utils.data import ConcatDataset, DataLoader, DistributedSampler, Sampler, TensorDataset
 
 from lightning_speedups import SpeedupDataModule, SpeedupWarning
 from lightning_speedups.data import EpochShuffleSampler, ResumableDataLoader, default_num_workers
@@ -275,6 +275,42 @@ def test_resuming_mid_epoch_with_other_training_data_is_warned_about(tmp_path):
     with warnings.catch_warnings():
         warnings.filterwarnings("error", ".*other training data", SpeedupWarning)
         run(ckpt_path=ckpt)
+
+
+def test_a_mid_epoch_checkpoint_without_a_loader_position_is_warned_about(tmp_path):
+    # a run moved to SpeedupDataModule, resumed from a checkpoint of its plain DataLoader: the epoch restarted at its
+    # first batch while Lightning counted 2 done, silently (Lightning warns only for loaders without state)
+    class Plain(IndexedDM):
+        def train_dataloader(self):
+            return DataLoader(self.train_dataset, batch_size=8)
+
+    every_2 = ModelCheckpoint(tmp_path, every_n_train_steps=2, save_top_k=-1)
+    t = trainer(max_epochs=1, callbacks=[every_2], enable_checkpointing=True)
+    t.fit(IndexModule(), datamodule=Plain(n=32))
+    ckpt = str(tmp_path / "epoch=0-step=2.ckpt")  # 2 of 4 batches
+    with pytest.warns(SpeedupWarning, match=r"saved mid-epoch \(2 batches done\) but holds no position"):
+        trainer(max_epochs=1).fit(IndexModule(), datamodule=IndexedDM(n=32, batch_size=8), ckpt_path=ckpt)
+
+
+def test_a_checkpoint_of_an_epoch_cut_short_by_max_steps_resumes_as_lightning_does_whatever_the_workers(tmp_path):
+    # saved at the end of an epoch `max_steps` cut short: Lightning counts it finished and sets the next epoch, which
+    # without workers (a lazy sampler) skipped that epoch's first batches, with workers (prefetched) did not
+    def run(num_workers, ckpt_path=None, max_steps=6):
+        model, save = IndexModule(), ckpt_path is None
+        extra = [ModelCheckpoint(tmp_path / str(num_workers), save_on_train_epoch_end=True)] if save else []
+        t = trainer(max_epochs=-1, max_steps=max_steps, callbacks=extra, enable_checkpointing=save)
+        t.fit(model, datamodule=IndexedDM(n=32, batch_size=8, seed=3, num_workers=num_workers), ckpt_path=ckpt_path)
+        return model
+
+    full = run(0, max_steps=16)  # 4 batches per epoch
+    resumed = []
+    for workers in (0, 1):
+        run(workers)  # stops 2 batches into epoch 1
+        ckpt = tmp_path / str(workers) / "epoch=1-step=6.ckpt"
+        with pytest.warns(SpeedupWarning, match=r"end of epoch 1, which `max_steps` cut short after 2 batches"):
+            resumed.append(run(workers, str(ckpt), max_steps=12).seen)
+    # as Lightning counts: epoch 1's last 2 batches from epoch 2's order, then epoch 3's order for epoch 2
+    assert resumed[0] == resumed[1] == full.seen[8:10] + full.seen[12:16]
 
 
 def test_a_loader_built_before_the_restore_is_not_compared_with_another_epochs_data(tmp_path):
