@@ -167,11 +167,13 @@ class BatchFields:
             )
 
     def get_input(self, batch: Any) -> Any:
+        """The batch's input (where ``input_key``, or the getter, says it is)."""
         if self.getter is not None:
             return self.get(batch)[0]
         return _read(batch, self._resolve(batch, "input"), "input")
 
     def get_target(self, batch: Any) -> Any:
+        """The batch's target, or ``None`` for a batch without one (no ``target_key`` and no conventional place)."""
         if self.getter is not None:
             return self.get(batch)[1]
         if self.target_key is None and isinstance(batch, list | tuple) and len(batch) < 2:

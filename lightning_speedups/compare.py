@@ -142,6 +142,13 @@ class Report:
 
 
 # ------------------------------------------------------------------------------------------ loading
+def _current_folder_on_path() -> None:
+    """Modules of the current folder importable: the console script, unlike `python -m`, does not put it on the
+    path (``--model``, ``--datamodule`` and ``--callback`` import paths are looked for there)."""
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+
+
 def load_object(path: str, what: str) -> Any:
     """``package.module:Name`` or ``package.module.Name`` -> the object, with a clear error otherwise."""
     module_name, sep, attr = path.partition(":")
@@ -154,9 +161,7 @@ def load_object(path: str, what: str) -> Any:
             f"--{what} {path!r} is a file path; give the module's import path instead, e.g. 'my_module:MyClass' "
             "for my_module.py in the current folder."
         )
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        # the console script, unlike `python -m`, does not put the current folder on the path
-        sys.path.insert(0, str(Path.cwd()))
+    _current_folder_on_path()
     try:
         module = importlib.import_module(module_name)
     except (ImportError, TypeError, ValueError) as err:  # TypeError/ValueError: relative or empty names
@@ -220,6 +225,7 @@ def _parse_spec(spec: str) -> tuple[type[Callback], dict[str, Any]]:
     """``"MixUp:alpha=0.4"`` -> ``(MixUp, {"alpha": 0.4})``, the arguments checked against the class's."""
     name, _, arg_text = spec.partition(":")
     head, _, rest = arg_text.partition(":")
+    _current_folder_on_path()
     try:
         try:
             cls = presets.resolve_callback_class(name.strip())
@@ -230,7 +236,12 @@ def _parse_spec(spec: str) -> tuple[type[Callback], dict[str, Any]]:
             cls = presets.resolve_callback_class(f"{name.strip()}.{head.strip()}")
             arg_text = rest
     except ValueError as err:
-        raise CompareError(f"--callback {spec!r}: {err}") from err
+        where = (
+            " Modules are looked for in the current folder and on PYTHONPATH."
+            if isinstance(err.__cause__, ModuleNotFoundError)
+            else ""
+        )
+        raise CompareError(f"--callback {spec!r}: {err}{where}") from err
     except Exception as err:  # the callback's module failed as it was imported (a SyntaxError, say)
         raise CompareError(f"--callback {spec!r}: importing it raised {type(err).__name__}: {err}") from err
     kwargs: dict[str, Any] = {}

@@ -55,7 +55,9 @@ class SamplerProvider(Protocol):
         num_replicas: int,
         rank: int,
         seed: int,
-    ) -> Sampler: ...
+    ) -> Sampler:
+        """The training sampler of rank ``rank`` of ``num_replicas``, on epoch ``epoch``, seeded by ``seed``."""
+        ...
 
 
 @runtime_checkable
@@ -595,11 +597,14 @@ class SpeedupDataModule(pl.LightningDataModule):
     def _seed(self) -> int:
         return self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
 
-    def sampler_providers(self) -> list[SamplerProvider]:
-        """The trainer's callbacks that supply a training sampler."""
+    def sampler_providers(self) -> list[Any]:
+        """The trainer's callbacks that supply a training sampler (a :class:`SamplerProvider`) or add to the plan
+        of one (a :class:`~lightning_speedups.samplers.PlanContributor`)."""
+        from lightning_speedups.samplers import PlanContributor
+
         trainer = self.trainer
         callbacks = trainer.callbacks if trainer is not None else []
-        return [cb for cb in callbacks if isinstance(cb, SamplerProvider)]
+        return [cb for cb in callbacks if isinstance(cb, SamplerProvider | PlanContributor)]
 
     def train_sampler(self, dataset: Dataset) -> Sampler:
         """The training sampler: a sampling callback's, else a per-epoch seeded shuffle sharded over ranks."""
@@ -612,7 +617,8 @@ class SpeedupDataModule(pl.LightningDataModule):
                 "callback for a fixed order.",
                 category=SpeedupWarning,
             )
-        if len(providers) > 1:  # composing callbacks add to one plan; any other pair is refused there
+        if len(providers) > 1 or (providers and not isinstance(providers[0], SamplerProvider)):
+            # composing callbacks (or one that only contributes) add to one plan; any other pair is refused there
             from lightning_speedups.samplers import build_train_sampler
 
             return build_train_sampler(providers, self, dataset, **ctx)

@@ -279,6 +279,7 @@ class TargetTransformCallback(SpeedupCallback):
 
     # ------------------------------------------------------------------ scheduling
     def in_window(self, trainer: pl.Trainer) -> bool:
+        """Whether training progress lies in ``[start, end)``, where this callback acts."""
         if self.start == 0.0 and self.end == 1.0:
             return True
         return self.start <= self.progress(trainer) < self.end

@@ -528,6 +528,21 @@ def test_accuracy_plot_limits_zoom_below_the_target():
     assert accuracy_ylim([0.1, 0.6, 0.9, 0.95], 0.95) == pytest.approx((0.845, 0.975))
 
 
+def test_a_callback_module_in_the_current_folder_is_found_as_a_model_module_is(tmp_path, monkeypatch):
+    # the console script does not put the current folder on the path: --model was looked for there, --callback not
+    (tmp_path / "cwd_callbacks.py").write_text(
+        "from lightning.pytorch.callbacks import Callback\n\n"
+        "class Noise(Callback):\n    def __init__(self, std=0.0):\n        self.std = std\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.setitem(sys.modules, "cwd_callbacks", None)  # undone last: the module is gone after the test
+    monkeypatch.delitem(sys.modules, "cwd_callbacks")
+    assert parse_callback("cwd_callbacks:Noise:std=0.1").std == 0.1
+    with pytest.raises(CompareError, match="looked for in the current folder and on PYTHONPATH"):
+        parse_callback("no_such_module:Noise")
+
+
 def test_parse_callback_with_lists_tuples_and_quoted_commas():
     from lightning_speedups.compare import CompareError, _split_args
 

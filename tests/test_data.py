@@ -195,6 +195,27 @@ def test_sampler_providers_plug_in():
         trainer(max_epochs=1, callbacks=[Provider(), Provider()]).fit(IndexModule(), datamodule=IndexedDM())
 
 
+class DoubleTheFirst(Callback):
+    """Only contributes to the plan (the `PlanContributor` protocol): sample 0 twice per epoch."""
+
+    def contribute_to_plan(self, plan, datamodule, dataset, *, seed):
+        factors = np.ones(len(dataset))
+        factors[0] = 2.0
+        plan.add_repeat_factors(factors, seed=seed, source="DoubleTheFirst")
+
+
+def test_a_callback_that_only_contributes_to_the_plan_is_not_left_out():
+    from lightning_speedups import CurriculumOrdering
+
+    for extra in ([], [CurriculumOrdering("linear", difficulty=np.arange(40.0))]):
+        model = IndexModule()
+        t = trainer(max_epochs=1, callbacks=[DoubleTheFirst(), *extra])
+        t.fit(model, datamodule=IndexedDM(batch_size=8))
+        seen = functools.reduce(operator.iadd, model.seen, [])
+        assert len(seen) == 41 and seen.count(0) == 2  # was a plain shuffle of 40, silently
+        assert t.train_dataloader.sampler.plan.sources[0] == "DoubleTheFirst"
+
+
 class PrivateEpochShuffle(Sampler):
     """A per-epoch seeded shuffle that follows `set_epoch` and offers `skip_next`, but keeps its epoch private."""
 
