@@ -486,6 +486,13 @@ class SpeedupCallback(Callback):
         module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__
         return f"{module}.{cls.__qualname__}"
 
+    def __getstate__(self) -> dict[str, Any]:
+        # picklable by `ddp_spawn` after an earlier fit drew from it: the reused random object holds a
+        # torch.Generator, which spawned processes cannot receive; it is a cache, rebuilt at the next draw
+        state = dict(self.__dict__)
+        state.pop("_batch_random", None)
+        return state
+
     def batch_random(self, trainer: pl.Trainer) -> BatchRandom:
         """This batch's draws, seeded by (seed, rank, batch index, callback class): what the built-in callbacks
         use, as it costs a few µs per batch.

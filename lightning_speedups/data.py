@@ -201,10 +201,14 @@ class ResumableDataLoader(DataLoader):
         if trainer is None:
             return {}
         batches = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        epochs = trainer.fit_loop.epoch_progress.current
         return {
             "epoch": self._epoch_in_progress(trainer),
             "batches": batches,
             "epoch_done": int(batches >= trainer.num_training_batches),
+            # saved at the end hooks of an epoch (Lightning counts it processed, not yet completed): with batches
+            # left, one that ended early (`max_steps`, `should_stop`), which Lightning resumes as finished
+            "epoch_counted": int(epochs.processed > epochs.completed),
             "seeds": self._order_seeds(dm),  # compared on resume: the order follows them
             **self._geometry(trainer),  # likewise: what the skipped batches held
         }
@@ -273,10 +277,11 @@ class ResumableDataLoader(DataLoader):
             )
 
     @staticmethod
-    def _warn_cut_epoch(state_dict: dict[str, int], trainer: pl.Trainer) -> None:
+    def _warn_cut_epoch(state_dict: dict[str, int]) -> None:
         rank_zero_warn(
-            f"The checkpoint was saved at the end of epoch {state_dict['epoch']}, which `max_steps` cut short after "
-            f"{state_dict['batches']} batches: Lightning 2.6 counts that epoch as finished, so the resumed run trains "
+            f"The checkpoint was saved at the end of epoch {state_dict['epoch']}, which ended early (`max_steps`, "
+            f"`should_stop`, `max_time`) after {state_dict['batches']} batches: Lightning 2.6 counts that epoch as "
+            "finished, so the resumed run trains "
             "its remaining batches from the next epoch's order, and each later epoch one epoch's order ahead of the "
             "uninterrupted run. For an exact resume use a checkpoint saved mid-epoch "
             "(`ModelCheckpoint(every_n_train_steps=...)`, at the step `max_steps` stopped), not one saved at the "
@@ -300,13 +305,11 @@ class ResumableDataLoader(DataLoader):
             self._warn_seeds([int(s) for s in saved], seeds, dm)  # type: ignore[arg-type]
         done = bool(state_dict.get("epoch_done"))
         trainer = dm.trainer if dm is not None else None
-        resuming = trainer is not None and (trainer.fit_loop.restarting or _restoring_checkpoint(trainer))
-        counted = int(trainer.fit_loop.epoch_progress.current.processed) if resuming else None  # type: ignore[union-attr]
-        if not done and state_dict.get("batches") and counted is not None and counted > state_dict["epoch"]:
-            # saved after the end hooks of an epoch that `max_steps` cut short: Lightning counts it finished and
-            # goes on with the next epoch's order, for the batches the cut epoch had left
-            self._warn_cut_epoch(state_dict, trainer)  # type: ignore[arg-type]
-            state_dict = {**state_dict, "epoch": counted, "batches": 0}
+        if not done and state_dict.get("batches") and state_dict.get("epoch_counted") and trainer is not None:
+            # saved at the end hooks of an epoch that ended early: Lightning counts it finished and goes on with
+            # the next epoch's order, for the batches the cut epoch had left
+            self._warn_cut_epoch(state_dict)
+            state_dict = {**state_dict, "epoch": int(trainer.fit_loop.epoch_progress.current.processed), "batches": 0}
         if not done and state_dict.get("batches"):
             self._warn_geometry(state_dict, dm)
         epoch = state_dict["epoch"] + 1 if done else state_dict["epoch"]
@@ -600,11 +603,13 @@ class SpeedupDataModule(pl.LightningDataModule):
     def sampler_providers(self) -> list[Any]:
         """The trainer's callbacks that supply a training sampler (a :class:`SamplerProvider`) or add to the plan
         of one (a :class:`~lightning_speedups.samplers.PlanContributor`)."""
-        from lightning_speedups.samplers import PlanContributor
-
         trainer = self.trainer
         callbacks = trainer.callbacks if trainer is not None else []
-        return [cb for cb in callbacks if isinstance(cb, SamplerProvider | PlanContributor)]
+        return [
+            cb
+            for cb in callbacks
+            if isinstance(cb, SamplerProvider) or callable(getattr(cb, "contribute_to_plan", None))
+        ]
 
     def train_sampler(self, dataset: Dataset) -> Sampler:
         """The training sampler: a sampling callback's, else a per-epoch seeded shuffle sharded over ranks."""

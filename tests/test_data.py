@@ -259,6 +259,44 @@ def test_resume_mid_epoch_with_a_sampler_without_an_epoch_attribute(tmp_path):
     assert resumed.seen == full.seen[6:]
 
 
+class FixedEpochShuffle(Sampler):
+    """Shows an `epoch` it never changes (no `set_epoch`): one order for every epoch; offers `skip_next`."""
+
+    def __init__(self, n, seed):
+        self.n, self.seed, self.epoch, self._skip = n, seed, 0, 0
+
+    def skip_next(self, n):
+        self._skip = n
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        skip, self._skip = self._skip, 0
+        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed)).tolist()[skip:])
+
+
+class FixedEpochProvider(Callback):
+    def make_train_sampler(self, datamodule, dataset, *, epoch, num_replicas, rank, seed):
+        return FixedEpochShuffle(len(dataset), seed)
+
+
+def test_a_mid_epoch_resume_in_a_later_epoch_with_a_sampler_whose_epoch_never_changes(tmp_path):
+    # its checkpoints record epoch 0 in epoch 1: taken for an epoch that ended early, the resume replayed batches
+    def run(ckpt_path=None, save=False):
+        model = IndexModule()
+        extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=6, save_top_k=-1)] if save else []
+        t = trainer(max_epochs=2, callbacks=[FixedEpochProvider(), *extra], enable_checkpointing=save)
+        t.fit(model, datamodule=IndexedDM(n=32, batch_size=8, seed=0), ckpt_path=ckpt_path)
+        return model
+
+    full = run(save=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)
+        resumed = run(ckpt_path=str(tmp_path / "epoch=1-step=6.ckpt"))
+    assert resumed.seen == full.seen[6:]
+
+
 def test_resuming_with_another_shuffle_seed_is_warned_about(tmp_path):
     """The order follows the datamodule's seed (``seed_everything``'s by default), which a checkpoint cannot
     restore once the loader is built: a resumed script that seeds differently is told, with the seed to use."""
@@ -328,7 +366,7 @@ def test_a_checkpoint_of_an_epoch_cut_short_by_max_steps_resumes_as_lightning_do
     for workers in (0, 1):
         run(workers)  # stops 2 batches into epoch 1
         ckpt = tmp_path / str(workers) / "epoch=1-step=6.ckpt"
-        with pytest.warns(SpeedupWarning, match=r"end of epoch 1, which `max_steps` cut short after 2 batches"):
+        with pytest.warns(SpeedupWarning, match=r"end of epoch 1, which ended early \(`max_steps`.* after 2 batches"):
             resumed.append(run(workers, str(ckpt), max_steps=12).seen)
     # as Lightning counts: epoch 1's last 2 batches from epoch 2's order, then epoch 3's order for epoch 2
     assert resumed[0] == resumed[1] == full.seen[8:10] + full.seen[12:16]

@@ -195,6 +195,19 @@ def test_a_window_in_a_run_bounded_by_time_alone_is_refused_before_the_first_bat
     assert epochs == [] and model.train_batches == []  # at fit start, not at the first batch
 
 
+def test_a_callback_that_drew_in_a_fit_pickles_without_its_torch_generator():
+    # ddp_spawn pickles the callbacks into its processes; a torch.Generator kept from an earlier fit's draws
+    # made them die while unpickling ("unable to resize file")
+    cb = CutMix()
+    trainer(callbacks=[cb], max_steps=2).fit(RecordingModule(), *loaders("list"))
+    assert "_batch_random" in cb.__dict__
+    copy_ = pickle.loads(pickle.dumps(cb))
+    assert "_batch_random" not in copy_.__dict__ and copy_.alpha == cb.alpha
+    model = RecordingModule()
+    trainer(callbacks=[copy_], max_steps=1).fit(model, *loaders("list"))  # draws again
+    assert model.train_batches[0][1].is_floating_point()
+
+
 def test_hard_labels_for_training_metrics():
     model = RecordingModule()
     train, val = loaders("dict")

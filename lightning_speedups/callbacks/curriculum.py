@@ -608,7 +608,7 @@ class CurriculumOrdering(SpeedupCallback):
     def __getstate__(self) -> dict[str, Any]:
         # picklable (ddp_spawn sends the callbacks to its processes): without the reference to the dataset the
         # order was worked out for, so a copy reads the difficulty again for the dataset it meets
-        state = dict(self.__dict__)
+        state = super().__getstate__()
         state.pop("_order_of", None)
         return state
 

@@ -267,7 +267,7 @@ class RepeatFactorSampling(SpeedupCallback):
     def __getstate__(self) -> dict[str, Any]:
         # picklable (ddp_spawn sends the callbacks to its processes): without the reference to the dataset the
         # factors were worked out for, so a copy works them out again for the dataset it meets
-        state = dict(self.__dict__)
+        state = super().__getstate__()
         state.pop("_factors_of", None)
         return state
 
