@@ -134,6 +134,9 @@ class ResumableDataLoader(DataLoader):
         if not self.__dict__.get("_restart_checked"):
             self._restart_checked = True
             self._warn_position_lost()
+        trainer = self.speedups_datamodule.trainer if self.speedups_datamodule is not None else None
+        if trainer is not None:  # Lightning's count of epochs as this one starts (see `state_dict`)
+            self._epochs_at_start = int(trainer.fit_loop.epoch_progress.current.processed)
         return super().__iter__()
 
     def _warn_position_lost(self) -> None:
@@ -201,14 +204,15 @@ class ResumableDataLoader(DataLoader):
         if trainer is None:
             return {}
         batches = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
-        epochs = trainer.fit_loop.epoch_progress.current
+        counted = int(trainer.fit_loop.epoch_progress.current.processed)
         return {
             "epoch": self._epoch_in_progress(trainer),
             "batches": batches,
             "epoch_done": int(batches >= trainer.num_training_batches),
-            # saved at the end hooks of an epoch (Lightning counts it processed, not yet completed): with batches
-            # left, one that ended early (`max_steps`, `should_stop`), which Lightning resumes as finished
-            "epoch_counted": int(epochs.processed > epochs.completed),
+            # saved at the end hooks of an epoch (Lightning has counted it since it started): with batches left, one
+            # that ended early (`max_steps`, `should_stop`), which Lightning resumes as finished. Not `processed >
+            # completed`: a run resumed with `max_steps` keeps those apart all along.
+            "epoch_counted": int(counted > self.__dict__.get("_epochs_at_start", counted)),
             "seeds": self._order_seeds(dm),  # compared on resume: the order follows them
             **self._geometry(trainer),  # likewise: what the skipped batches held
         }

@@ -354,9 +354,11 @@ def test_a_mid_epoch_checkpoint_without_a_loader_position_is_warned_about(tmp_pa
 def test_a_checkpoint_of_an_epoch_cut_short_by_max_steps_resumes_as_lightning_does_whatever_the_workers(tmp_path):
     # saved at the end of an epoch `max_steps` cut short: Lightning counts it finished and sets the next epoch, which
     # without workers (a lazy sampler) skipped that epoch's first batches, with workers (prefetched) did not
-    def run(num_workers, ckpt_path=None, max_steps=6):
-        model, save = IndexModule(), ckpt_path is None
-        extra = [ModelCheckpoint(tmp_path / str(num_workers), save_on_train_epoch_end=True)] if save else []
+    def run(num_workers, ckpt_path=None, max_steps=6, every=None):
+        model, save = IndexModule(), ckpt_path is None or every is not None
+        where = tmp_path / (str(num_workers) if every is None else f"{num_workers}-steps")
+        kwargs = {"every_n_train_steps": every, "save_top_k": -1} if every else {"save_on_train_epoch_end": True}
+        extra = [ModelCheckpoint(where, **kwargs)] if save else []
         t = trainer(max_epochs=-1, max_steps=max_steps, callbacks=extra, enable_checkpointing=save)
         t.fit(model, datamodule=IndexedDM(n=32, batch_size=8, seed=3, num_workers=num_workers), ckpt_path=ckpt_path)
         return model
@@ -367,9 +369,14 @@ def test_a_checkpoint_of_an_epoch_cut_short_by_max_steps_resumes_as_lightning_do
         run(workers)  # stops 2 batches into epoch 1
         ckpt = tmp_path / str(workers) / "epoch=1-step=6.ckpt"
         with pytest.warns(SpeedupWarning, match=r"end of epoch 1, which ended early \(`max_steps`.* after 2 batches"):
-            resumed.append(run(workers, str(ckpt), max_steps=12).seen)
+            resumed.append(run(workers, str(ckpt), max_steps=12, every=9).seen)
     # as Lightning counts: epoch 1's last 2 batches from epoch 2's order, then epoch 3's order for epoch 2
     assert resumed[0] == resumed[1] == full.seen[8:10] + full.seen[12:16]
+    # a mid-epoch checkpoint of that resumed run (where Lightning's epoch counters stay apart) resumes exactly
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)
+        again = run(0, str(tmp_path / "0-steps" / "epoch=2-step=9.ckpt"), max_steps=12).seen
+    assert again == resumed[0][3:]
 
 
 def test_a_loader_built_before_the_restore_is_not_compared_with_another_epochs_data(tmp_path):
