@@ -280,15 +280,12 @@ class ScheduledResize:
             return full
         if plan.resolution is not None and plan.resolution > min(full) and not self._warned_upsampling:
             # the device-side modes say so at the first batch; here only the transform sees the full size
-            from lightning_speedups.base import SpeedupWarning  # here: workers import this module without Lightning
-
             self._warned_upsampling = True
-            warnings.warn(
+            _warn_on_rank_zero(
                 f"ProgressiveResizing's epoch ramp asks for a resolution of {plan.resolution}, above the images' "
                 f"shorter side ({min(full)} of {full[0]}x{full[1]}): ScheduledResize upsamples them. Lower `max_res` "
                 "to at most the image size.",
-                SpeedupWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
         return plan.size_for(full)
 
@@ -320,16 +317,13 @@ class ScheduledResize:
         """The image of a joint sample; a warning, once, where a mask is not marked as one."""
         image, suspect = _find_image(inputs)
         if suspect and not self.__dict__.get("_warned_joint"):
-            from lightning_speedups.base import SpeedupWarning  # here: workers import this module without Lightning
-
             self._warned_joint = True
-            warnings.warn(
+            _warn_on_rank_zero(
                 "ScheduledResize got a sample whose image comes with a plain tensor or a one-channel PIL image, not "
                 "a `tv_tensors.Mask`: torchvision resizes every PIL image bilinearly (a mask's labels blended) and "
                 "only the first plain tensor, leaving the others at full size. Wrap masks in "
                 "`torchvision.tv_tensors.Mask` (resized with nearest) and images in `tv_tensors.Image`.",
-                SpeedupWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
         return image
 
@@ -385,3 +379,17 @@ def _image_size(image: Any) -> Size:
 
     h, w = TF.get_size(image)
     return int(h), int(w)
+
+
+def _warn_on_rank_zero(message: str, *, stacklevel: int) -> None:
+    """A SpeedupWarning from a transform, which runs in each rank's DataLoader workers: said by rank zero's only
+    (a worker forked from a rank keeps Lightning's record of that rank; elsewhere, as rank zero)."""
+    import sys
+
+    from lightning_speedups.base import SpeedupWarning  # here: workers import this module without Lightning
+
+    names = ("lightning.fabric.utilities.rank_zero", "lightning_fabric.utilities.rank_zero")
+    ranks = (sys.modules.get(m) for m in names)
+    if any(getattr(getattr(m, "rank_zero_only", None), "rank", 0) != 0 for m in ranks if m is not None):
+        return
+    warnings.warn(message, SpeedupWarning, stacklevel=stacklevel)

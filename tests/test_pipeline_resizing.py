@@ -639,6 +639,22 @@ def test_an_epoch_ramp_beyond_the_images_warns_in_the_pipeline_too():
     assert [size for _, size, _, _ in model.steps] == [(8, 8), (24, 24)]
 
 
+def test_a_transforms_warnings_are_said_by_rank_zeros_workers_only(monkeypatch):
+    # workers forked from each DDP rank keep Lightning's record of the rank: one warning per run, not per rank
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    def warned(rank):
+        monkeypatch.setattr(rank_zero_only, "rank", rank)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ScheduledResize(SIZE)(torch.rand(3, SIZE, SIZE), torch.zeros(SIZE, SIZE, dtype=torch.long))
+            ResolutionDataset(TransformedImages(1, ScheduledResize()))[PlannedIndex(0, ResizePlan(resolution=32))]
+        return sorted("Mask" in str(w.message) for w in caught if issubclass(w.category, SpeedupWarning))
+
+    assert warned(1) == []
+    assert warned(0) == [False, True]  # the upsampling and the unmarked mask
+
+
 class ScheduledRecorder(PipelineRecorder):
     """Reads ``estimated_stepping_batches`` in ``configure_optimizers`` (a OneCycle or cosine schedule would), so
     the training loader exists before a tuner's trial; records trial batches' sizes apart."""
