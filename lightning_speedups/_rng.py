@@ -62,8 +62,13 @@ class BatchRandom:
         return self._py.random()
 
     def beta(self, a: float, b: float) -> float:
-        """A draw of ``Beta(a, b)``."""
-        return self._py.betavariate(a, b)
+        """A draw of ``Beta(a, b)``: Python's ``betavariate``, whose draws it keeps, but symmetric also for tiny
+        ``a``, where its first gamma draw underflows to 0 and it returned 0 (biased towards 0)."""
+        y = self._py.gammavariate(a, 1.0)
+        z = self._py.gammavariate(b, 1.0)
+        if y + z > 0.0:
+            return y / (y + z)
+        return float(self._py.random() < a / (a + b))  # both underflowed: 0 or 1, in the ratio of the shapes
 
     def integers(self, high: int) -> int:
         """An int in ``[0, high)``."""

@@ -302,3 +302,35 @@ def test_class_indices_out_of_range_give_a_value_error_naming_the_range():
             mix(x, bad, 0.5, torch.tensor([1, 0, 3, 2]), 10)
     with pytest.raises(IndexError):  # still an IndexError too, as torch's own error was
         as_probabilities(torch.tensor([0, 1, 2, 2000]), 2000)  # the scatter path (beyond the cached tables)
+
+
+def test_bad_partners_generators_and_regions_are_clear_errors():
+    x, y = torch.rand(4, 3, 8, 8), torch.tensor([0, 1, 2, 1])
+    for perm, match in ((torch.tensor([1, 0, 3]), r"shape \(4,\)"), (torch.tensor([1.0, 0, 3, 2]), "int64 or int32")):
+        with pytest.raises(ValueError, match=match):
+            mix(x, y, 0.5, perm, num_classes=3)
+        with pytest.raises(ValueError, match=match):
+            cut_and_paste(x, y, (slice(0, 4), slice(0, 4)), perm, num_classes=3)
+    with pytest.raises(TypeError, match=r"`generator` must be a NumPy Generator, a torch\.Generator"):
+        sample_lambda(0.2, generator="seed")
+    for shape in ((0, 8), ()):
+        with pytest.raises(ValueError, match="non-empty region"):
+            cutmix_box(shape, 0.5)
+    with pytest.raises(ValueError, match="non-empty region"):
+        box_lambda((0, 8), (slice(0, 1), slice(0, 1)))
+
+
+def test_a_torch_generator_seeds_the_draws():
+    draws = [sample_lambda(0.4, generator=torch.Generator().manual_seed(3)) for _ in range(2)]
+    assert draws[0] == draws[1] and 0.0 <= draws[0] <= 1.0
+    assert sample_lambda(0.4, generator=torch.Generator().manual_seed(4)) != draws[0]
+
+
+def test_beta_draws_stay_symmetric_for_a_tiny_alpha():
+    from lightning_speedups.functional import BatchRandom
+
+    rng = BatchRandom()
+    rng.reseed(0)
+    draws = np.array([rng.beta(1e-4, 1e-4) for _ in range(4000)])
+    # Beta(a, a) is symmetric around 0.5; Python's betavariate gave 0 whenever its first gamma draw underflowed
+    assert abs(draws.mean() - 0.5) < 0.05 and (draws == 1.0).mean() > 0.4

@@ -370,3 +370,12 @@ def test_bad_plans_masks_and_offsets_are_refused_not_broadcast():
         LF.progressive_scale(math.nan)  # NaN would read as the end of training: full size
     with pytest.raises(ValueError, match="`min_res`"):
         LF.ramp_resolution(1, 0, 8, 0, 2)
+
+
+def test_a_nan_scale_and_an_unknown_mask_interpolation_are_clear_errors():
+    from lightning_speedups.functional import resize_masks, scaled_size
+
+    with pytest.raises(ValueError, match="`scale` must be > 0, got nan"):
+        scaled_size((16, 16), float("nan"))
+    with pytest.raises(ValueError, match="`interpolation` must be one of"):
+        resize_masks(torch.zeros(2, 16, 16, dtype=torch.long), (8, 8), "area")

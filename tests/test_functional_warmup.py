@@ -146,3 +146,13 @@ def test_a_warmup_length_rounds_halves_up_not_to_even():
 def test_an_epoch_warmup_needs_a_positive_epoch_length(steps):
     with pytest.raises(ValueError, match="`steps_per_epoch` >= 1"):
         warmup_length(5, "epochs", steps_per_epoch=steps)
+
+
+def test_a_bad_start_and_a_negative_run_length_are_clear_errors_wherever_the_ramp_is():
+    from lightning_speedups.functional import warmup_factor, warmup_length
+
+    for step, steps in ((5, 4), (0, 0), (1, 4)):  # after the ramp and without one too, not only during it
+        with pytest.raises(ValueError, match="`start` must be one of"):
+            warmup_factor(step, steps, scale=2.0, start="zeros")
+    with pytest.raises(ValueError, match="finite `total_steps` >= 0, got -5"):
+        warmup_length(0.1, "fraction", total_steps=-5)

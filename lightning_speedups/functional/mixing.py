@@ -9,8 +9,8 @@ Conventions, shared by every function here:
 * the partner of sample ``i`` is ``x[perm[i]]``; ``lam`` is the weight of the sample itself:
   ``mixed = lam * x + (1 - lam) * x[perm]``.
 * nothing is modified in place: a batch may alias a dataset's storage.
-* randomness comes from an explicit ``numpy.random.Generator``, a :class:`BatchRandom` (the callbacks' cheap
-  per-batch draws) or an int seed, never from global state.
+* randomness comes from an explicit ``numpy.random.Generator``, a ``torch.Generator`` (which seeds one), a
+  :class:`BatchRandom` (the callbacks' cheap per-batch draws) or an int seed, never from global state.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from torch import Tensor
 
 from lightning_speedups._rng import BatchRandom
 
-RandomState = np.random.Generator | BatchRandom | int | None
+RandomState = np.random.Generator | BatchRandom | torch.Generator | int | None
 
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -37,6 +37,13 @@ _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 def _rng(generator: RandomState) -> np.random.Generator | BatchRandom:
     if isinstance(generator, np.random.Generator | BatchRandom):
         return generator
+    if isinstance(generator, torch.Generator):  # a torch training loop's generator: seeds a NumPy one from it
+        return np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator)))
+    if isinstance(generator, bool) or not isinstance(generator, int | np.integer | None):
+        raise TypeError(
+            f"`generator` must be a NumPy Generator, a torch.Generator, a BatchRandom, an int seed or None; got "
+            f"{type(generator).__name__}."
+        )
     return np.random.default_rng(generator)
 
 
@@ -143,6 +150,7 @@ def mix(x: Tensor, target: Tensor, lam: float, perm: Tensor, num_classes: int | 
     _check_float_input(x, "mix")
     _check_batch(x, target)
     _check_lambda(lam)
+    _check_perm(perm, x)
     probs = as_probabilities(target, num_classes)
     # In place on the fresh partner copy (never on `x`): one new buffer instead of two, the same values as
     # `torch.lerp(x[perm], x, lam)`; on CPU a large new buffer costs page faults, not only memory traffic.
@@ -188,6 +196,7 @@ def cutmix_box(spatial_shape: Sequence[int], lam: float, generator: RandomState 
     weight actually used must be recomputed with :func:`box_lambda`.
     """
     _check_lambda(lam)
+    _check_region(spatial_shape)
     rng = _rng(generator)
     ratio = (1.0 - lam) ** (1.0 / len(spatial_shape))
     slices = []
@@ -221,6 +230,7 @@ def box_lambda(spatial_shape: Sequence[int], box: Sequence[slice]) -> float:
     The slices are taken as indexing takes them: None and negative bounds are allowed, and the box is clipped
     to ``spatial_shape``.
     """
+    _check_region(spatial_shape)
     area = math.prod(s.stop - s.start for s in _normalize_box(spatial_shape, box))
     return 1.0 - area / math.prod(spatial_shape)
 
@@ -236,6 +246,7 @@ def cut_and_paste(
     _check_float_input(x, "cutmix")
     _check_spatial_input(x)
     _check_batch(x, target)
+    _check_perm(perm, x)
     spatial = tuple(x.shape[2:])
     box = _normalize_box(spatial, box)
     lam = box_lambda(spatial, box)
@@ -288,6 +299,22 @@ def _check_float_input(x: Tensor, op: str) -> None:
             f"{op} needs floating-point inputs to mix, got dtype {x.dtype}. Convert the inputs to float "
             "(in the dataset's transform or in `on_after_batch_transfer`) before this callback runs."
         )
+
+
+def _check_region(spatial_shape: Sequence[int]) -> None:
+    if not len(spatial_shape) or 0 in spatial_shape:
+        raise ValueError(f"CutMix needs a non-empty region to paste; got spatial shape {tuple(spatial_shape)}.")
+
+
+def _check_perm(perm: Tensor, x: Tensor) -> None:
+    """The partner of each sample: a cheap check (no device sync) that would otherwise fail deep in torch."""
+    if not isinstance(perm, Tensor) or perm.shape != (x.shape[0],) or perm.dtype not in _INDEX_DTYPES[:2]:
+        what = f"shape {tuple(perm.shape)}, {perm.dtype}" if isinstance(perm, Tensor) else type(perm).__name__
+        raise ValueError(
+            f"`perm` must be an int64 or int32 tensor of shape ({x.shape[0]},), one partner per sample; got {what}."
+        )
+    if perm.device != x.device:
+        raise ValueError(f"`perm` is on {perm.device}, the inputs on {x.device}: put it on the inputs' device.")
 
 
 def _check_spatial_input(x: Tensor) -> None:

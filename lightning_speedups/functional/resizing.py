@@ -132,7 +132,7 @@ def scaled_size(size: Size, scale: float, size_increment: int = 4) -> Size:
         >>> scaled_size((224, 224), 0.5), scaled_size((224, 160), 0.63, 8), scaled_size((30, 30), 1.0)
         ((112, 112), (144, 104), (30, 30))
     """
-    if scale <= 0:
+    if not scale > 0:  # NaN fails this too
         raise ValueError(f"`scale` must be > 0, got {scale!r}.")
     return round_side(size[0], scale, size_increment), round_side(size[1], scale, size_increment)
 
@@ -278,6 +278,8 @@ def resize_masks(mask: Tensor, size: Size, interpolation: str = "nearest") -> Te
     """
     if mask.ndim not in (3, 4):
         raise ValueError(f"Dense targets must be (N, H, W) or (N, C, H, W), got shape {tuple(mask.shape)}.")
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"`interpolation` must be one of {INTERPOLATIONS}, got {interpolation!r}.")
     size = (int(size[0]), int(size[1]))
     if tuple(mask.shape[-2:]) == size:
         return mask

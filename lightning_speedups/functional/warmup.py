@@ -126,8 +126,10 @@ def warmup_length(
     elif unit == "fraction":
         if warmup > 1:
             raise ValueError(f"A warmup given as a fraction of the run must be in [0, 1], got {warmup!r}.")
-        if total_steps is None or not math.isfinite(total_steps):
-            raise ValueError("A warmup given as a fraction of the run needs a finite `total_steps`.")
+        if total_steps is None or not math.isfinite(total_steps) or total_steps < 0:
+            raise ValueError(
+                f"A warmup given as a fraction of the run needs a finite `total_steps` >= 0, got {total_steps!r}."
+            )
         length = warmup * total_steps
     else:
         raise ValueError(f"`unit` must be one of {WARMUP_UNITS}, got {unit!r}.")
@@ -160,11 +162,11 @@ def warmup_factor(step: float, warmup_steps: int, scale: float, start: WarmupSta
         raise ValueError(f"`warmup_steps` must be >= 0, got {warmup_steps!r}.")
     if not scale > 0:
         raise ValueError(f"`scale` must be > 0, got {scale!r}.")
+    if start not in WARMUP_STARTS:  # checked before the ramp's end too: a typo fails at once, not at update 1
+        raise ValueError(f"`start` must be one of {WARMUP_STARTS}, got {start!r}.")
     if step >= warmup_steps:
         return scale
     if start == "unscaled":
         begin = min(1.0, scale)
         return begin + (scale - begin) * step / warmup_steps
-    if start == "zero":
-        return scale * (step + 1) / (warmup_steps + 1)
-    raise ValueError(f"`start` must be one of {WARMUP_STARTS}, got {start!r}.")
+    return scale * (step + 1) / (warmup_steps + 1)
