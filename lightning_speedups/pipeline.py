@@ -270,7 +270,9 @@ class ScheduledResize:
         )
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_built": {}}  # workers rebuild what they need
+        # workers rebuild what they need; a worker started by spawn learns its process's rank here (a forked one
+        # keeps Lightning's record of it)
+        return {**self.__dict__, "_built": {}, "_rank": _lightning_rank()}
 
     def target_size(self, image: Any) -> Size:
         """The size this transform gives ``image`` now."""
@@ -282,6 +284,7 @@ class ScheduledResize:
             # the device-side modes say so at the first batch; here only the transform sees the full size
             self._warned_upsampling = True
             _warn_on_rank_zero(
+                self.__dict__.get("_rank"),
                 f"ProgressiveResizing's epoch ramp asks for a resolution of {plan.resolution}, above the images' "
                 f"shorter side ({min(full)} of {full[0]}x{full[1]}): ScheduledResize upsamples them. Lower `max_res` "
                 "to at most the image size.",
@@ -319,6 +322,7 @@ class ScheduledResize:
         if suspect and not self.__dict__.get("_warned_joint"):
             self._warned_joint = True
             _warn_on_rank_zero(
+                self.__dict__.get("_rank"),
                 "ScheduledResize got a sample whose image comes with a plain tensor or a one-channel PIL image, not "
                 "a `tv_tensors.Mask`: torchvision resizes every PIL image bilinearly (a mask's labels blended) and "
                 "only the first plain tensor, leaving the others at full size. Wrap masks in "
@@ -381,15 +385,21 @@ def _image_size(image: Any) -> Size:
     return int(h), int(w)
 
 
-def _warn_on_rank_zero(message: str, *, stacklevel: int) -> None:
-    """A SpeedupWarning from a transform, which runs in each rank's DataLoader workers: said by rank zero's only
-    (a worker forked from a rank keeps Lightning's record of that rank; elsewhere, as rank zero)."""
+def _lightning_rank() -> int:
+    """This process's rank as Lightning records it (0 where Lightning is not loaded)."""
     import sys
 
+    names = ("lightning.fabric.utilities.rank_zero", "lightning_fabric.utilities.rank_zero")
+    ranks = [getattr(getattr(sys.modules.get(m), "rank_zero_only", None), "rank", 0) for m in names]
+    return max((int(r) for r in ranks if r is not None), default=0)
+
+
+def _warn_on_rank_zero(rank: int | None, message: str, *, stacklevel: int) -> None:
+    """A SpeedupWarning from a transform, which runs in each rank's DataLoader workers: said by rank zero's only.
+    ``rank``: the rank of the process that pickled the transform for its workers, if it was; else Lightning's
+    record in this process (which a forked worker keeps)."""
     from lightning_speedups.base import SpeedupWarning  # here: workers import this module without Lightning
 
-    names = ("lightning.fabric.utilities.rank_zero", "lightning_fabric.utilities.rank_zero")
-    ranks = (sys.modules.get(m) for m in names)
-    if any(getattr(getattr(m, "rank_zero_only", None), "rank", 0) != 0 for m in ranks if m is not None):
+    if (rank if rank is not None else _lightning_rank()) != 0:
         return
     warnings.warn(message, SpeedupWarning, stacklevel=stacklevel)

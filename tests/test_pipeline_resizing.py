@@ -653,6 +653,16 @@ def test_a_transforms_warnings_are_said_by_rank_zeros_workers_only(monkeypatch):
 
     assert warned(1) == []
     assert warned(0) == [False, True]  # the upsampling and the unmarked mask
+    # a worker started by spawn has no record of its rank: the transform brings its process's in the pickle
+    import pickle
+
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    sent = pickle.dumps(ScheduledResize(SIZE))
+    monkeypatch.setattr(rank_zero_only, "rank", 0)  # what a spawned worker of rank 1 would read
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pickle.loads(sent)(torch.rand(3, SIZE, SIZE), torch.zeros(SIZE, SIZE, dtype=torch.long))
+    assert not [w for w in caught if issubclass(w.category, SpeedupWarning)]
 
 
 class ScheduledRecorder(PipelineRecorder):
