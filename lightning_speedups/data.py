@@ -57,7 +57,6 @@ class SamplerProvider(Protocol):
         seed: int,
     ) -> Sampler:
         """The training sampler of rank ``rank`` of ``num_replicas``, on epoch ``epoch``, seeded by ``seed``."""
-        ...
 
 
 @runtime_checkable
@@ -285,11 +284,10 @@ class ResumableDataLoader(DataLoader):
         rank_zero_warn(
             f"The checkpoint was saved at the end of epoch {state_dict['epoch']}, which ended early (`max_steps`, "
             f"`should_stop`, `max_time`) after {state_dict['batches']} batches: Lightning 2.6 counts that epoch as "
-            "finished, so the resumed run trains "
-            "its remaining batches from the next epoch's order, and each later epoch one epoch's order ahead of the "
-            "uninterrupted run. For an exact resume use a checkpoint saved mid-epoch "
-            "(`ModelCheckpoint(every_n_train_steps=...)`, at the step `max_steps` stopped), not one saved at the "
-            "epoch's end (`save_last`, `save_on_train_epoch_end`).",
+            "finished, so the resumed run trains its remaining batches from the next epoch's order, and each later "
+            "epoch one epoch's order ahead of the uninterrupted run. For an exact resume use a checkpoint saved "
+            "mid-epoch (`ModelCheckpoint(every_n_train_steps=...)`, at the step `max_steps` stopped), not one saved at "
+            "the epoch's end (`save_last`, `save_on_train_epoch_end`).",
             category=SpeedupWarning,
         )
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import math
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -387,8 +388,6 @@ def _image_size(image: Any) -> Size:
 
 def _lightning_rank() -> int:
     """This process's rank as Lightning records it (0 where Lightning is not loaded)."""
-    import sys
-
     names = ("lightning.fabric.utilities.rank_zero", "lightning_fabric.utilities.rank_zero")
     ranks = [getattr(getattr(sys.modules.get(m), "rank_zero_only", None), "rank", 0) for m in names]
     return max((int(r) for r in ranks if r is not None), default=0)

@@ -216,14 +216,11 @@ def test_a_callback_that_only_contributes_to_the_plan_is_not_left_out():
         assert t.train_dataloader.sampler.plan.sources[0] == "DoubleTheFirst"
 
 
-class PrivateEpochShuffle(Sampler):
-    """A per-epoch seeded shuffle that follows `set_epoch` and offers `skip_next`, but keeps its epoch private."""
+class SkippableShuffle(Sampler):
+    """A seeded shuffle that offers `skip_next` (skip the first indices of its next pass)."""
 
-    def __init__(self, n, seed, epoch):
-        self.n, self.seed, self._epoch, self._skip = n, seed, epoch, 0
-
-    def set_epoch(self, epoch):
-        self._epoch = epoch
+    def __init__(self, n, seed):
+        self.n, self.seed, self._skip = n, seed, 0
 
     def skip_next(self, n):
         self._skip = n
@@ -231,10 +228,26 @@ class PrivateEpochShuffle(Sampler):
     def __len__(self):
         return self.n
 
+    def order_seed(self):
+        return self.seed
+
     def __iter__(self):
         skip, self._skip = self._skip, 0
-        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self._epoch)).tolist()
-        return iter(order[skip:])
+        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(self.order_seed())).tolist()[skip:])
+
+
+class PrivateEpochShuffle(SkippableShuffle):
+    """A per-epoch seeded shuffle that follows `set_epoch`, but keeps its epoch private."""
+
+    def __init__(self, n, seed, epoch):
+        super().__init__(n, seed)
+        self._epoch = epoch
+
+    def set_epoch(self, epoch):
+        self._epoch = epoch
+
+    def order_seed(self):
+        return self.seed + self._epoch
 
 
 class PrivateEpochProvider(Callback):
@@ -259,21 +272,10 @@ def test_resume_mid_epoch_with_a_sampler_without_an_epoch_attribute(tmp_path):
     assert resumed.seen == full.seen[6:]
 
 
-class FixedEpochShuffle(Sampler):
-    """Shows an `epoch` it never changes (no `set_epoch`): one order for every epoch; offers `skip_next`."""
+class FixedEpochShuffle(SkippableShuffle):
+    """Shows an `epoch` it never changes (no `set_epoch`): one order for every epoch."""
 
-    def __init__(self, n, seed):
-        self.n, self.seed, self.epoch, self._skip = n, seed, 0, 0
-
-    def skip_next(self, n):
-        self._skip = n
-
-    def __len__(self):
-        return self.n
-
-    def __iter__(self):
-        skip, self._skip = self._skip, 0
-        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed)).tolist()[skip:])
+    epoch = 0
 
 
 class FixedEpochProvider(Callback):
