@@ -713,12 +713,19 @@ def _median_to_target(reached: list[Checkpoint | None], field_name: str) -> floa
     return None if math.isinf(value) else value
 
 
+def _median_nan_lowest(values: list[float]) -> float:
+    """The median, a NaN (a diverged run) counting as the lowest value rather than landing anywhere in the order."""
+    ordered = sorted(values, key=lambda v: -math.inf if math.isnan(v) else v)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def _summarise(arm: str, runs: list[RunResult], target: float) -> ArmSummary:
     reached = [r.to_target(target) for r in runs]
     return ArmSummary(
         arm=arm,
         runs=len(runs),
-        final=statistics.median(r.final for r in runs),
+        final=_median_nan_lowest([r.final for r in runs]),
         wall=statistics.median(r.wall for r in runs),
         cpu=statistics.median(r.cpu for r in runs),
         flops=statistics.median(r.flops for r in runs),
@@ -809,13 +816,33 @@ def _run_arms(
     return runs
 
 
+def _default_target(runs: list[RunResult], metric: str = "the metric") -> float:
+    """The baseline's final metric, lower median over its repeats; a repeat that ended at NaN (diverged) is left
+    out, since NaN has no place in an order (the target would depend on which repeat diverged)."""
+    finals = [r.final for r in runs if r.arm == BASELINE and not math.isnan(r.final)]
+    if not finals:
+        raise CompareError(
+            f"Every baseline run ended with {metric} = NaN (diverged, or the metric was never logged), so there is "
+            "no final accuracy to aim for. Check the model and its learning rate, or set --target."
+        )
+    # the lower median: with an even number of repeats the plain median could sit above half the baseline runs
+    return statistics.median_low(finals)
+
+
+def _flop_unit(report: Report) -> tuple[str, float]:
+    """``("GFLOP", 1e9)``, or a smaller unit where the largest arm's FLOPs would print as 0.00 GFLOP."""
+    largest = max((s.flops for s in report.summaries), default=0.0)
+    for name, scale in (("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if largest >= scale:
+            return name, scale
+    return "FLOP", 1.0
+
+
 def _finish(
     cfg: CompareConfig, runs: list[RunResult], label: str, out: TextIO, recipe_precision: str | None = None
 ) -> Report:
     """Summarise ``runs``, print the report and save it."""
-    finals = [r.final for r in runs if r.arm == BASELINE]
-    # the lower median: with an even number of repeats the plain median could sit above half the baseline runs
-    target = cfg.target if cfg.target is not None else statistics.median_low(finals)
+    target = cfg.target if cfg.target is not None else _default_target(runs, cfg.metric)
     arms = [BASELINE, label] + ([BUDGET] if any(r.arm == BUDGET for r in runs) else [])
     summaries = [_summarise(a, [r for r in runs if r.arm == a], target) for a in arms]
     base_summary = summaries[0]
@@ -896,6 +923,7 @@ def format_report(report: Report) -> str:
     """The side-by-side table as Markdown, with a verdict on the equal-budget control."""
     cfg = report.config
     source = "given" if cfg["target"] is not None else "the baseline final, lower median over repeats"
+    unit, scale = _flop_unit(report)
     task = "embedded digits task" if cfg["model"] is None else f"{cfg['model']} on {cfg['datamodule']}"
     lines = [
         f"## {report.recipe} vs baseline — {task}",
@@ -903,16 +931,16 @@ def format_report(report: Report) -> str:
         f"{cfg['max_epochs']} epochs, {cfg['repeats']} repeat(s) interleaved, medians; {_precision_words(cfg)}; "
         f"target {cfg['metric']} >= {report.target:.4f} ({source}).",
         "",
-        f"| run | final {cfg['metric']} | wall s | CPU s | train GFLOP | steps | reached | wall s to target "
-        "| CPU s to target | GFLOP to target | speedup wall | speedup CPU | speedup FLOPs |",
+        f"| run | final {cfg['metric']} | wall s | CPU s | train {unit} | steps | reached | wall s to target "
+        f"| CPU s to target | {unit} to target | speedup wall | speedup CPU | speedup FLOPs |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in report.summaries:
-        gflop_t = None if s.flops_to_target is None else s.flops_to_target / 1e9
+        flops_t = None if s.flops_to_target is None else s.flops_to_target / scale
         lines.append(
-            f"| {s.arm} | {s.final:.4f} | {s.wall:.1f} | {s.cpu:.1f} | {s.flops / 1e9:.2f} | {s.steps:.0f} | "
+            f"| {s.arm} | {s.final:.4f} | {s.wall:.1f} | {s.cpu:.1f} | {s.flops / scale:.2f} | {s.steps:.0f} | "
             f"{s.reached}/{s.runs} | {_num(s.wall_to_target, '.1f')} | {_num(s.cpu_to_target, '.1f')} | "
-            f"{_num(gflop_t, '.2f')} | {_speed(s.speedup_wall)} | {_speed(s.speedup_cpu)} | "
+            f"{_num(flops_t, '.2f')} | {_speed(s.speedup_wall)} | {_speed(s.speedup_cpu)} | "
             f"{_speed(s.speedup_flops)} |"
         )
     if report.runs and all(r.history and r.to_target(report.target) is r.history[0] for r in report.runs):
@@ -928,6 +956,15 @@ def format_report(report: Report) -> str:
             "**The baseline ended no better than its first validation** (it did not learn, or it diverged): a "
             "target set by its final metric says little about speed. Check the model and its learning rate, "
             "train longer (--max-epochs), or set --target.",
+        ]
+    diverged = [r for r in report.runs if math.isnan(r.final)]
+    if diverged:
+        which = ", ".join(f"{r.arm} (repeat {r.repeat})" for r in diverged)
+        left_out = " and left out of the target" if cfg.get("target") is None else ""
+        lines += [
+            "",
+            f"**Diverged**: {len(diverged)} run(s) ended with {cfg['metric']} = NaN ({which}): counted as the "
+            f"lowest in the medians{left_out}.",
         ]
     stale = [r for r in report.runs if r.history and r.history[-1].step < r.steps]
     if stale:
@@ -1044,10 +1081,11 @@ def plot_report(report: Report, path: Path) -> bool:
     best: dict[str, float] = {}
     for r in report.runs:
         best[r.arm] = max([best.get(r.arm, -math.inf), *(c.metric for c in r.history)])
+    unit, scale = _flop_unit(report)
     labelled: set[str] = set()  # each arm once, by its first run (an arm need not run in every repeat)
     for run in report.runs:
         xs_wall = [c.wall for c in run.history]
-        xs_flops = [c.flops / 1e9 for c in run.history]
+        xs_flops = [c.flops / scale for c in run.history]
         ys = [c.metric for c in run.history]
         # the y-range zooms on the target: an arm that never comes near it is said to be below, not left unseen
         below = f" (below the plotted range; best {best[run.arm]:.4f})" if best[run.arm] < low else ""
@@ -1055,7 +1093,7 @@ def plot_report(report: Report, path: Path) -> bool:
         labelled.add(run.arm)
         axes[0].plot(xs_wall, ys, marker=".", color=colours.get(run.arm), label=label, alpha=0.8)
         axes[1].plot(xs_flops, ys, marker=".", color=colours.get(run.arm), label=label, alpha=0.8)
-    for ax, xlabel in zip(axes, ["wall time (s)", "training GFLOP"], strict=True):
+    for ax, xlabel in zip(axes, ["wall time (s)", f"training {unit}"], strict=True):
         ax.axhline(report.target, color="black", linestyle="--", linewidth=0.8)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)

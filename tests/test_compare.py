@@ -1028,3 +1028,44 @@ def test_the_report_names_each_sides_precision_where_a_preset_fixes_its_own(tmp_
     assert "precision 32-true (baseline), 64-true (recipe);" in (out / "report.md").read_text()
     config = json.loads((out / "results.json").read_text())["config"]
     assert (config["precision"], config["recipe_precision"]) == ("32-true", "64-true")
+
+
+def test_a_diverged_baseline_repeat_is_left_out_of_the_target_whatever_its_order():
+    # NaN has no place in an order: the lower median of [0.9, nan, 0.8] was nan, 0.8 or 0.9 by which repeat diverged
+    from lightning_speedups.compare import RunResult, _finish
+
+    nan = float("nan")
+
+    def run(arm, repeat, final):
+        return RunResult(
+            arm, repeat, [Checkpoint(step=10, epoch=0, wall=1.0, cpu=1.0, flops=1e9, metric=final)], 1e9, 10
+        )
+
+    for finals in ([0.9, nan, 0.8], [nan, 0.9, 0.8], [0.8, 0.9, nan]):
+        runs = [r for i, f in enumerate(finals) for r in (run("baseline", i, f), run("recipe", i, 0.85))]
+        out = io.StringIO()
+        report = _finish(CompareConfig(output=None, repeats=3), runs, "recipe", out)
+        assert report.target == 0.8  # the lower median of the finite finals
+        assert report.summary("recipe").reached == 3
+        assert report.summary("baseline").final == 0.8  # the diverged repeat counted lowest, not anywhere
+        assert "**Diverged**: 1 run(s) ended with val_acc = NaN" in out.getvalue()
+        assert "left out of the target" in out.getvalue()
+    runs = [run("baseline", i, nan) for i in range(2)] + [run("recipe", i, 0.85) for i in range(2)]
+    with pytest.raises(CompareError, match=r"Every baseline run ended with val_acc = NaN.*set --target"):
+        _finish(CompareConfig(output=None, repeats=2), runs, "recipe", io.StringIO())
+
+
+def test_small_flop_counts_are_printed_in_a_unit_that_shows_them():
+    # a user's small model: 1.5 MFLOP printed as "0.00" GFLOP beside a speedup of 1.00x
+    from lightning_speedups.compare import Report, RunResult, _summarise, format_report
+
+    def run(arm, flops):
+        return RunResult(arm, 0, [Checkpoint(step=8, epoch=1, wall=2.0, cpu=2.0, flops=flops, metric=0.9)], flops, 8)
+
+    config = asdict(CompareConfig(repeats=1, output=None))
+    for flops, unit, shown in ((1.5e6, "MFLOP", "1.50"), (3e9, "GFLOP", "3.00"), (400.0, "FLOP", "400.00")):
+        runs = [run("baseline", 2 * flops), run("recipe", flops)]
+        summaries = [_summarise(arm, [r for r in runs if r.arm == arm], 0.9) for arm in ("baseline", "recipe")]
+        text = format_report(Report(config=config, recipe="recipe", target=0.9, summaries=summaries, runs=runs))
+        assert f"| train {unit} |" in text and f"| {unit} to target |" in text
+        assert f"| recipe | 0.9000 | 2.0 | 2.0 | {shown} | 8 |" in text
