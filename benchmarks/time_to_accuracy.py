@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import time
@@ -192,7 +193,11 @@ def run_task(
     # The lowest of the baseline's final accuracies: every baseline seed reaches it, so the baseline's time to it is
     # a median of real times. (The median final, as `compare` uses, leaves a baseline seed below the target, which
     # then counts as never reaching it and makes the baseline's median its slowest seed: that flatters the arms.)
-    target = min(r.final for r in runs if r.arm == BASELINE)
+    # A seed that diverged (NaN) is left out: `min` over a NaN gives NaN or skips it, by the order of the seeds.
+    finals = [r.final for r in runs if r.arm == BASELINE and not math.isnan(r.final)]
+    if not finals:
+        raise RuntimeError(f"{task.name}: every baseline seed ended with a NaN accuracy (diverged): no target.")
+    target = min(finals)
     names = [BASELINE, *(a[0] for a in arms), *budgets]
     return {
         "task": task,
@@ -220,20 +225,25 @@ ORDER_SEED = 20261124
 
 
 def seed_ratio(runs: list[RunResult], num: str, den: str, target: float, field: str) -> float | None:
-    """The median over seeds of arm ``num``'s ``field`` (``wall``, ``cpu``, ``flops``) to ``target`` over arm
-    ``den``'s in the same seed: a speedup of ``den`` over ``num``. A seed in which ``den`` misses the target counts
-    as 0, one in which ``num`` misses is left out (never the baseline at its own target); ``None`` when the median is
-    0 (``den`` misses in most seeds) or no seed counts."""
+    """The lower median over seeds of arm ``num``'s ``field`` (``wall``, ``cpu``, ``flops``) to ``target`` over arm
+    ``den``'s in the same seed: a speedup of ``den`` over ``num``. A seed that misses the target counts as infinitely
+    slow: ``den`` missing gives 0, ``num`` alone missing (an equal-budget control, say) infinity, both 0 (no speedup
+    claimed). ``None`` unless ``den`` reaches the target in most seeds, as an arm's time to target (the lower median
+    keeps an even number of seeds from averaging a 0 with a real ratio)."""
     first = {r.repeat: r.to_target(target) for r in runs if r.arm == num}
     second = {r.repeat: r.to_target(target) for r in runs if r.arm == den}
     ratios = []
     for seed, a in first.items():
-        if a is None or seed not in second:
+        if seed not in second:
             continue
         b = second[seed]
-        ratios.append(0.0 if b is None else getattr(a, field) / getattr(b, field))
-    value = statistics.median(ratios) if ratios else 0.0
-    return value or None
+        if b is None:
+            ratios.append(0.0)
+        else:
+            ratios.append(math.inf if a is None else getattr(a, field) / getattr(b, field))
+    if sum(r > 0 for r in ratios) * 2 <= len(ratios):  # den misses in half the seeds or more (or none counts)
+        return None
+    return statistics.median_low(ratios)
 
 
 def _speedups(result: dict[str, Any], arm: str, target: float) -> list[float | None]:
@@ -339,7 +349,9 @@ def section(quick: bool, out_dir: Path) -> str:
         "median over all its seeds, a seed that never reaches the target counting as infinitely slow: an arm "
         "reaches the target (has a figure) only if most of its seeds do, and *reached* counts the seeds that "
         "did. Speedups are per seed, the baseline's time (CPU time, FLOPs) to the target over the arm's in the same "
-        "seed (0 for a seed in which the arm misses), then the median over the seeds. The equal-budget "
+        "seed (a seed that misses counting as infinitely slow: 0 for a seed in which the arm misses, infinity "
+        "for one in which only the other side (an equal-budget control) does), then the lower median over the "
+        "seeds; none unless the arm reaches the target in most seeds. The equal-budget "
         "control (`baseline @ N steps`) is the baseline with its cosine schedule shortened to N steps, so that "
         "its counted training FLOPs equal a preset's (presets with the same FLOPs share one control run per "
         "seed). Its budget comes from the presets' counted FLOPs, so in seed 0 it runs after them; from seed 1 "

@@ -756,6 +756,8 @@ def run_comparison(cfg: CompareConfig, out: TextIO | None = None) -> Report:
         _check_output(cfg.output)
     try:
         runs = _run_arms(cfg, label, make_model, make_dm, make_callbacks, extra)
+        if cfg.target is None:
+            _default_target(runs, cfg.metric)  # every baseline run diverged: the error, before any report
     except BaseException:  # a run that failed (or Ctrl-C): no empty report folder left behind
         if made_output and cfg.output is not None and cfg.output.is_dir() and not any(cfg.output.iterdir()):
             cfg.output.rmdir()
@@ -960,7 +962,8 @@ def format_report(report: Report) -> str:
     diverged = [r for r in report.runs if math.isnan(r.final)]
     if diverged:
         which = ", ".join(f"{r.arm} (repeat {r.repeat})" for r in diverged)
-        left_out = " and left out of the target" if cfg.get("target") is None else ""
+        baseline_diverged = any(r.arm == BASELINE for r in diverged)
+        left_out = "; the baseline's left out of the target" if cfg.get("target") is None and baseline_diverged else ""
         lines += [
             "",
             f"**Diverged**: {len(diverged)} run(s) ended with {cfg['metric']} = NaN ({which}): counted as the "
@@ -1027,6 +1030,17 @@ def format_report(report: Report) -> str:
     return "\n".join(lines)
 
 
+def _finite_or_null(value: Any) -> Any:
+    """``value`` with every NaN or infinite float, however deep in dicts and lists, replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    return value
+
+
 def save_report(report: Report, output: Path, text: str) -> bool:
     """``report.md``, ``results.json`` and ``accuracy.png`` (if matplotlib is installed) under ``output``; whether
     the plot was written."""
@@ -1049,7 +1063,8 @@ def save_report(report: Report, output: Path, text: str) -> bool:
             for r in report.runs
         ],
     }
-    (output / "results.json").write_text(json.dumps(data, indent=2))
+    # strict JSON: a diverged run's NaN is written as null (a bare NaN token is refused by most parsers)
+    (output / "results.json").write_text(json.dumps(_finite_or_null(data), indent=2, allow_nan=False))
     written = plot_report(report, output / "accuracy.png")
     if not written:  # no plot this time: an older run's must not sit beside this report
         (output / "accuracy.png").unlink(missing_ok=True)

@@ -283,6 +283,16 @@ def test_time_to_accuracy_speedups_are_medians_of_per_seed_ratios():
     assert tta.seed_ratio(runs, "baseline", "x", 0.9, "cpu") == pytest.approx(0.5)
     runs[-2] = run("x", 1, None)
     assert tta.seed_ratio(runs, "baseline", "x", 0.9, "cpu") is None  # misses in most seeds
+    # the numerator missing (an equal-budget control) counts as infinitely slow, not as a seed left out:
+    # per seed 1.0, 1.5 and a control that misses -> median 1.5 (leaving it out gave 1.25)
+    control = [run("control", 0, 10.0), run("control", 1, 15.0), run("control", 2, None)]
+    preset = [run("x", i, 10.0) for i in range(3)]
+    assert tta.seed_ratio(control + preset, "control", "x", 0.9, "cpu") == pytest.approx(1.5)
+    # two seeds, the arm missing one: no speedup (the mean of 0 and 4x said 2x beside "not reached")
+    runs = [run("baseline", i, 20.0) for i in range(2)] + [run("x", 0, 5.0), run("x", 1, None)]
+    assert tta.seed_ratio(runs, "baseline", "x", 0.9, "cpu") is None
+    runs[-1] = run("x", 1, 10.0)  # both seeds reached: the lower median of 4x and 2x
+    assert tta.seed_ratio(runs, "baseline", "x", 0.9, "cpu") == pytest.approx(2.0)
 
 
 def test_gpu_digits_section_runs_the_time_to_accuracy_task_on_the_gpu(monkeypatch):

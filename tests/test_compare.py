@@ -1030,8 +1030,9 @@ def test_the_report_names_each_sides_precision_where_a_preset_fixes_its_own(tmp_
     assert (config["precision"], config["recipe_precision"]) == ("32-true", "64-true")
 
 
-def test_a_diverged_baseline_repeat_is_left_out_of_the_target_whatever_its_order():
+def test_a_diverged_baseline_repeat_is_left_out_of_the_target_whatever_its_order(tmp_path, monkeypatch):
     # NaN has no place in an order: the lower median of [0.9, nan, 0.8] was nan, 0.8 or 0.9 by which repeat diverged
+    from lightning_speedups import compare as compare_module
     from lightning_speedups.compare import RunResult, _finish
 
     nan = float("nan")
@@ -1049,10 +1050,26 @@ def test_a_diverged_baseline_repeat_is_left_out_of_the_target_whatever_its_order
         assert report.summary("recipe").reached == 3
         assert report.summary("baseline").final == 0.8  # the diverged repeat counted lowest, not anywhere
         assert "**Diverged**: 1 run(s) ended with val_acc = NaN" in out.getvalue()
-        assert "left out of the target" in out.getvalue()
-    runs = [run("baseline", i, nan) for i in range(2)] + [run("recipe", i, 0.85) for i in range(2)]
+        assert "the baseline's left out of the target" in out.getvalue()
+    # a recipe run that diverged counts lowest in its arm's median; it never fed the target, so nothing says it did
+    out = io.StringIO()
+    _finish(CompareConfig(output=None, repeats=1), [run("baseline", 0, 0.9), run("recipe", 0, nan)], "recipe", out)
+    assert "**Diverged**: 1 run(s) ended with val_acc = NaN (recipe (repeat 0))" in out.getvalue()
+    assert "left out" not in out.getvalue()
+    # every baseline run diverged: a clear error, and no empty --output folder left behind
+    runs = [run("baseline", i, nan) for i in range(2)] + [run("vision-mild", i, 0.85) for i in range(2)]
     with pytest.raises(CompareError, match=r"Every baseline run ended with val_acc = NaN.*set --target"):
-        _finish(CompareConfig(output=None, repeats=2), runs, "recipe", io.StringIO())
+        _finish(CompareConfig(output=None, repeats=2), runs, "vision-mild", io.StringIO())
+    monkeypatch.setattr(compare_module, "_run_arms", lambda *args: runs)
+    with pytest.raises(CompareError, match="Every baseline run ended"):
+        run_comparison(CompareConfig(repeats=2, output=tmp_path / "out", progress=False), io.StringIO())
+    assert not (tmp_path / "out").exists()
+    # a diverged run's NaN is written to results.json as null: strict JSON, readable by any parser
+    runs = [run("baseline", 0, 0.9), run("vision-mild", 0, nan)]  # the default preset's arm
+    monkeypatch.setattr(compare_module, "_run_arms", lambda *args: runs)
+    run_comparison(CompareConfig(repeats=1, output=tmp_path / "out", progress=False), io.StringIO())
+    data = json.loads((tmp_path / "out" / "results.json").read_text(), parse_constant=pytest.fail)
+    assert data["runs"][1]["history"][0]["metric"] is None and data["summaries"][1]["final"] is None
 
 
 def test_small_flop_counts_are_printed_in_a_unit_that_shows_them():
