@@ -539,6 +539,20 @@ def test_resuming_with_a_batch_size_finder_is_refused_and_resuming_without_it_co
     assert again.opt is None or again.used == []  # refused before any step
     with pytest.raises(ValueError, match=refused):  # the first run's Trainer, which keeps that fit's optimizers
         first_trainer.fit(WarmupModule("cosine", batch_size=4), ckpt_path=ckpt)
+    # a checkpoint saved without the callback (a baseline run's): refused all the same, before any step
+    plain_saver = ModelCheckpoint(dirpath=tmp_path / "plain", every_n_train_steps=4, save_top_k=-1)
+    fit(
+        WarmupModule("cosine", batch_size=4),
+        [plain_saver],
+        max_epochs=1,
+        default_root_dir=tmp_path,
+        enable_checkpointing=True,
+    )
+    plain = WarmupModule("cosine", batch_size=4)
+    t = trainer(callbacks=[LinearScalingWarmup("initial", warmup=4, warmup_unit="steps"), finder()], max_epochs=1)
+    with pytest.raises(ValueError, match=refused):
+        t.fit(plain, ckpt_path=str(tmp_path / "plain" / "epoch=0-step=4.ckpt"))
+    assert plain.opt is None or plain.used == []
     resumed = WarmupModule("cosine", batch_size=first.batch_size)  # the batch the first run found, no finder
     cb = LinearScalingWarmup("initial", warmup=4, warmup_unit="steps")
     trainer(callbacks=[cb], max_epochs=1, default_root_dir=tmp_path).fit(resumed, ckpt_path=ckpt)

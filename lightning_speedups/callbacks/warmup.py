@@ -311,7 +311,11 @@ class LinearScalingWarmup(SpeedupCallback):
             "accumulate": self._plan.key[1] if self._plan is not None else None,
         }
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Here, not in load_state_dict: Lightning calls this for every checkpoint, one saved without this callback
+        # (a baseline run's) too.
         guard = self.__dict__.get("_resume_guard")
         if guard is not None and guard[0].optimizers is guard[1]:
             # The user's checkpoint, restored before the strategy's setup (BatchSizeFinder's own trial restores come
@@ -324,6 +328,8 @@ class LinearScalingWarmup(SpeedupCallback):
                 "the batch size the first run found (it printed it) to your datamodule or module, and keep "
                 "LinearScalingWarmup as it was: the checkpoint keeps the reference batch it used."
             )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         updates = state_dict.get("updates")
         self._updates = [int(u) for u in updates] if updates is not None else None
