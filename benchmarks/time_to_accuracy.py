@@ -8,8 +8,9 @@ in the first seed they run after the presets). The target is the baseline's fina
 over seeds, which every baseline seed reaches); every arm validates at full size after each epoch. Reported per arm:
 median final accuracy, and the wall-clock, process CPU time, training FLOPs (counted by ``torch.utils.flop_counter``)
 and steps to the target, each the median over all seeds with a seed that misses the target counting as infinitely
-slow, and the speedups: per seed, the baseline's figure over the arm's in the same seed (0 where the arm misses),
-the median over the seeds.
+slow, and the speedups: per seed, the baseline's figure over the arm's in the same seed (0 where the arm misses,
+infinity where only the other side does), the lower median over the seeds (none unless the arm reaches the target
+in most of them).
 
 It reuses the engine of ``lightning-speedups compare`` (``lightning_speedups.compare``), with one baseline per seed
 shared by every preset.
@@ -195,8 +196,11 @@ def run_task(
     # then counts as never reaching it and makes the baseline's median its slowest seed: that flatters the arms.)
     # A seed that diverged (NaN) is left out: `min` over a NaN gives NaN or skips it, by the order of the seeds.
     finals = [r.final for r in runs if r.arm == BASELINE and not math.isnan(r.final)]
-    if not finals:
-        raise RuntimeError(f"{task.name}: every baseline seed ended with a NaN accuracy (diverged): no target.")
+    if len(finals) * 2 <= seeds:  # the baseline would miss its own target in most seeds: no speedup means much
+        raise RuntimeError(
+            f"{task.name}: the baseline diverged (NaN accuracy) in {seeds - len(finals)} of {seeds} seeds: "
+            "no target to measure speedups against."
+        )
     target = min(finals)
     names = [BASELINE, *(a[0] for a in arms), *budgets]
     return {
@@ -416,7 +420,7 @@ def section(quick: bool, out_dir: Path) -> str:
         }
         for r in results
     }
-    (out_dir / "time_to_accuracy.json").write_text(json.dumps(raw, indent=2))
+    (out_dir / "time_to_accuracy.json").write_text(json.dumps(compare._finite_or_null(raw), indent=2, allow_nan=False))
     return "\n".join(lines) + "\n"
 
 
@@ -599,7 +603,7 @@ def main() -> None:
         if name == "digits":
             print("\n".join(goal_lines([v for v in verdicts if v["preset"].startswith("vision")] or verdicts)))
         if args.json:
-            args.json.write_text(json.dumps(verdicts, indent=2))
+            args.json.write_text(json.dumps(compare._finite_or_null(verdicts), indent=2, allow_nan=False))
 
 
 if __name__ == "__main__":

@@ -204,7 +204,8 @@ class ScheduledResize:
     but otherwise transforms as it does in training: with a random ``factory`` (e.g. ``RandomResizedCrop``),
     give the validation dataset its own deterministic transform (e.g. ``Resize`` and ``CenterCrop``).
     Works on PIL images and on ``(..., H, W)`` tensors, alone or with their masks and boxes (``transform(image,
-    mask)``, as torchvision's v2 transforms are called for segmentation and detection).
+    mask)``, as torchvision's v2 transforms are called for segmentation and detection; there, and through a
+    ``factory``, tensors as torchvision's transforms take them: ``(..., C, H, W)``).
 
     Args:
         size: the full size ``(H, W)`` (an int for a square), i.e. what the pipeline produces without
@@ -311,7 +312,9 @@ class ScheduledResize:
             from torchvision.transforms import InterpolationMode
 
             mode = InterpolationMode(self.interpolation)
-            return TF.resize(image, list(size), interpolation=mode, antialias=self.antialias)
+            flat = getattr(image, "ndim", 3) == 2  # an (H, W) tensor (no channel): torchvision resizes (..., C, H, W)
+            out = TF.resize(image[None] if flat else image, list(size), interpolation=mode, antialias=self.antialias)
+            return out[0] if flat else out
         transform = self._built.get(size)
         if transform is None:
             transform = self._built[size] = self.factory(size) if self.factory is not None else self._resize(size)

@@ -626,6 +626,17 @@ class TargetTransformCallback(SpeedupCallback):
             low, high = index_range(target)
             if low < 0 or high >= self._classes:
                 raise _out_of_range(who, self._classes, low, high)
+        passes_through = self.p < 1.0 or self.start > 0.0 or self.end < 1.0
+        if target.dtype not in (torch.int64, torch.uint8) and passes_through:
+            # the batches this callback changes train (float probabilities); the first one it leaves alone would
+            # crash in the loss, however late in training that comes
+            self.warn(
+                f"class indices of dtype {target.dtype}: the batches it changes get float class probabilities, but "
+                f"those it leaves as they are (p < 1, or outside start/end) reach `training_step` as {target.dtype}, "
+                "which torch's cross entropy refuses (it takes int64 class indices). Convert the labels with "
+                "`y.long()` in the dataset or collate.",
+                every_rank=True,
+            )
 
     def _check_probabilities(self, target: Tensor, who: str) -> None:
         if target.ndim != 2:

@@ -700,6 +700,27 @@ def test_unsigned_labels_without_torch_min_max_are_checked(dtype):
     assert torch.allclose(model.train_batches[0][1].sum(1), torch.ones(16))
 
 
+def test_int32_labels_warn_at_the_first_batch_where_some_batches_pass_through_unchanged():
+    # MixUp(end=0.9) trained 18 of 20 steps on its float targets, then the first batch it left alone reached
+    # F.cross_entropy as int32 and crashed, with no word earlier
+    x, y = image_tensors(32)
+    said = r"class indices of dtype torch.int32.*outside start/end.*`y.long\(\)`"
+    for callback in (MixUp(end=0.5), CutMix(p=0.5), LabelSmoothing(0.1, start=0.2)):
+        with pytest.warns(SpeedupWarning, match=said):
+            try:
+                trainer(callbacks=[callback], max_steps=1).fit(
+                    RecordingModule(), DataLoader(TensorDataset(x, y.to(torch.int32)), 16)
+                )
+            except RuntimeError as err:  # a first batch left alone: the crash the warning foretold
+                assert "expected target dtype" in str(err)
+    for callback, dtype in ((MixUp(), torch.int32), (MixUp(end=0.5), torch.int64), (MixUp(p=0.5), torch.uint8)):
+        with warnings.catch_warnings():  # every batch changed, or labels the loss takes: nothing to say
+            warnings.filterwarnings("error", message=".*class indices of dtype", category=SpeedupWarning)
+            trainer(callbacks=[callback], max_steps=1).fit(
+                RecordingModule(), DataLoader(TensorDataset(x, y.to(dtype)), 16)
+            )
+
+
 def test_two_label_smoothings_acting_together_are_refused_and_apart_allowed():
     fit_expecting([LabelSmoothing(0.1), LabelSmoothing(0.1, p=0.99)], "Two LabelSmoothing callbacks act in the same")
     model = WithLoss(nn.CrossEntropyLoss())

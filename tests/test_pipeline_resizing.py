@@ -569,6 +569,17 @@ def test_validation_masks_follow_their_images_to_the_training_size_with_resize_t
         )
 
 
+def test_a_channel_less_tensor_is_resized_as_one_image():
+    # an (H, W) sample (grayscale, no channel) passed at full size, then crashed in torchvision at the first
+    # reduced batch ("not enough values to unpack")
+    wrapped = ResolutionDataset(TransformedImages(8, ScheduledResize(interpolation="nearest")))
+    wrapped.dataset.x = wrapped.dataset.x[:, 0]  # (N, H, W)
+    image = wrapped[PlannedIndex(0, ResizePlan(scale=0.5))][0]
+    assert image.shape == (8, 8)
+    assert torch.equal(image, wrapped[0][0][::2, ::2])  # nearest at half size: every other pixel
+    assert wrapped[0][0].shape == (16, 16)
+
+
 def test_wrappers_directly():
     base = TransformedImages(8, ScheduledResize(interpolation="nearest"))
     wrapped = ResolutionDataset(base)
