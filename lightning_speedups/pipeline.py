@@ -308,11 +308,14 @@ class ScheduledResize:
             image = inputs[0]
             if _image_size(image) == size:
                 return image
+            import torch
             import torchvision.transforms.v2.functional as TF
             from torchvision.transforms import InterpolationMode
 
             mode = InterpolationMode(self.interpolation)
-            flat = getattr(image, "ndim", 3) == 2  # an (H, W) tensor (no channel): torchvision resizes (..., C, H, W)
+            # a plain (H, W) tensor (no channel): torchvision resizes (..., C, H, W); a tv_tensor (a 2-D Mask) it
+            # resizes itself, by its kind (masks with nearest)
+            flat = type(image) is torch.Tensor and image.ndim == 2
             out = TF.resize(image[None] if flat else image, list(size), interpolation=mode, antialias=self.antialias)
             return out[0] if flat else out
         transform = self._built.get(size)

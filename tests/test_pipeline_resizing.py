@@ -578,6 +578,23 @@ def test_a_channel_less_tensor_is_resized_as_one_image():
     assert image.shape == (8, 8)
     assert torch.equal(image, wrapped[0][0][::2, ::2])  # nearest at half size: every other pixel
     assert wrapped[0][0].shape == (16, 16)
+    # a 2-D tv_tensors.Mask on its own stays a Mask, resized with nearest (its labels kept), as torchvision does it
+    from torchvision import tv_tensors
+
+    mask = tv_tensors.Mask(torch.tensor([0, 5, 9, 5], dtype=torch.uint8).repeat_interleave(4).repeat(16, 1))
+
+    class OneMask(Dataset):
+        transform = ScheduledResize()  # bilinear for images
+
+        def __len__(self) -> int:
+            return 1
+
+        def __getitem__(self, i: int) -> tuple[Tensor]:
+            return (self.transform(mask),)
+
+    small = ResolutionDataset(OneMask())[PlannedIndex(0, ResizePlan(scale=0.5))][0]
+    assert isinstance(small, tv_tensors.Mask) and small.shape == (8, 8)
+    assert set(small.unique().tolist()) == {0, 5, 9}
 
 
 def test_wrappers_directly():
