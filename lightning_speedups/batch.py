@@ -143,9 +143,12 @@ class BatchFields:
         """Return ``(input, target)``; the target is ``None`` if the batch has none and no key names one."""
         if self.getter is not None:
             out = self.getter(batch)
-            if not (isinstance(out, tuple) and len(out) == 2):
-                raise BatchFieldError("`getter` must return a pair (input, target).")
-            return out
+            if not (isinstance(out, (tuple, list)) and len(out) == 2):  # a collated `[x, y]` is a pair too
+                raise BatchFieldError(
+                    f"`getter` must return a pair (input, target), a tuple or list of 2; got a {type(out).__name__}"
+                    + (f" of {len(out)}." if isinstance(out, (tuple, list)) else ".")
+                )
+            return tuple(out)
         return self.get_input(batch), self.get_target(batch)
 
     def _check_distinct(self, batch: Any, target_key: Key) -> None:

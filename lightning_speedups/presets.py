@@ -382,10 +382,12 @@ def _load_each_entry_point() -> list[str]:
         before = dict(_REGISTRY)
         try:
             obj = ep.load()
-        except Exception as err:
+        except (Exception, SystemExit) as err:  # a script registered by mistake may exit as it is imported
             # a plug-in that failed half-way registers nothing (another plug-in it imported keeps its own)
             _roll_back(before, {m for m in modules if m != module})
-            problems.append(f"Could not load {where}: {err}")
+            malformed = not all(part.isidentifier() for part in module.split("."))  # importlib's own words are cryptic
+            why = "its value is no `module` or `module:object` path" if malformed else f"{type(err).__name__}: {err}"
+            problems.append(f"Could not load {where}: {why}")
             continue
         for name, preset in before.items():  # a plug-in's import may add presets, never replace one
             if _REGISTRY.get(name) is not preset:
@@ -440,8 +442,9 @@ def lookup(name: str) -> Preset:
     if name in _REGISTRY:
         return _REGISTRY[name]
     known = sorted(_REGISTRY)
-    close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.5)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    lowered = {k.lower(): k for k in known}  # `VISION-MILD` is close to `vision-mild`, whatever the case
+    close = difflib.get_close_matches(str(name).lower(), list(lowered), n=1, cutoff=0.5)
+    hint = f" Did you mean {lowered[close[0]]!r}?" if close else ""
     raise UnknownPresetError(
         f"Unknown preset {name!r}.{hint} Known presets: {', '.join(known)}. A preset registered with "
         "`@register_preset` exists where its module has been imported (import it from your --model or "

@@ -79,6 +79,19 @@ def test_custom_object_through_getter_and_setter():
     assert new.pixels is NEW_X and new.classes is Y and batch.pixels is X
 
 
+def test_a_getter_may_return_a_collated_list_pair_and_must_return_a_pair():
+    """Default collation gives ``[x, y]``: a getter that hands on one loader's batch of several returns a list."""
+    fields = BatchFields(getter=lambda b: b["a"], setter=lambda b, x, y: {**b, "a": [x, y]})
+    batch = {"a": [X, Y], "b": [X, Y]}
+    x, y = fields.get(batch)
+    assert x is X and y is Y
+    assert fields.replace(batch, input=NEW_X)["a"][0] is NEW_X
+    with pytest.raises(BatchFieldError, match=r"must return a pair \(input, target\).*got a list of 3"):
+        BatchFields(getter=lambda b: [X, Y, Y], setter=lambda b, x, y: b).get(batch)
+    with pytest.raises(BatchFieldError, match="got a Tensor"):
+        BatchFields(getter=lambda b: X, setter=lambda b, x, y: b).get(batch)
+
+
 def test_plain_object_attributes():
     class Obj:
         def __init__(self):

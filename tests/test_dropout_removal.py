@@ -236,6 +236,35 @@ def test_start_one_never_removes_and_says_so(monkeypatch):
     assert cb.removed == 0 and any("start=1.0) never removes dropout" in m for m in infos)
 
 
+@pytest.mark.parametrize("start", [0.95, 1.0])
+def test_the_batchnorm_epoch_of_stochastic_weight_averaging_keeps_the_dropout_training_ended_with(start):
+    """SWA's extra epoch (forward passes only, at progress 1) re-estimates BatchNorm statistics: a start that
+    training never reached (0.95: its last step is at 11/12) does not switch dropout off there."""
+    from lightning.pytorch.callbacks import StochasticWeightAveraging
+
+    class BatchNormDropout(RecordingModule):
+        def __init__(self) -> None:
+            super().__init__(record=False)
+            self.net = nn.Sequential(
+                nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()
+            )
+            self.drop, self.head = nn.Dropout(0.5), nn.Linear(4, NUM_CLASSES)
+            self.rates: list[tuple[bool, float]] = []
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.head(self.drop(self.net(x)))
+
+        def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+            self.rates.append((self.trainer.fit_loop._skip_backward, self.drop.p))
+            return super().training_step(batch, batch_idx)
+
+    model, cb = BatchNormDropout(), DropoutRemoval(start=start)
+    swa = StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2)
+    trainer(max_epochs=3, callbacks=[cb, swa]).fit(model, loaders("list")[0])  # 12 steps, then 4 forward-only
+    assert [skip for skip, _ in model.rates] == [False] * 12 + [True] * 4  # the BatchNorm epoch ran
+    assert all(p == 0.5 for _, p in model.rates) and cb.removed == 0
+
+
 def test_a_rate_under_an_unknown_name_is_named_in_a_warning():
     class HiddenRate(RecordingModule):
         def __init__(self):

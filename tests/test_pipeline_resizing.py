@@ -393,6 +393,25 @@ def test_recalibration_loads_full_size_samples():
     assert {s[1] for s in model.steps} == {(8, 8)}
 
 
+@pytest.mark.parametrize("min_res", [8, SIZE], ids=["ramp", "full-size-ramp"])
+def test_an_epoch_ramp_to_full_size_stops_recalibrating_as_on_the_device(min_res):
+    """An epoch ramp's plans name a resolution: batches it brings to the images' own size count as full size, so
+    recalibration stops once BatchNorm has forgotten the smaller sizes (29 batches at momentum 0.1) and never
+    starts for a ramp that stays at full size, as in on-device mode (it recalibrated at every validation)."""
+    counts = {}
+    for mode in ("resize", "pipeline"):
+        cb = ProgressiveResizing(
+            mode=mode, validation="recalibrate", min_res=min_res, max_res=SIZE, start_ramp=0, end_ramp=1
+        )
+        data = PipelineData(transform="default" if mode == "pipeline" else None, num_workers=0)
+        model = PipelineRecorder()
+        trainer(callbacks=[cb], max_epochs=8, num_sanity_val_steps=0).fit(model, datamodule=data)  # 8 steps each
+        assert [size for _, size, _, _ in model.steps[::8]] == [(min_res, min_res)] + [(SIZE, SIZE)] * 7
+        counts[mode] = cb.recalibrations
+    # after epochs 0 to 3 (0, 8, 16, 24 full-size batches in a row); none once it never trained smaller
+    assert counts == {"resize": 4 if min_res < SIZE else 0, "pipeline": 4 if min_res < SIZE else 0}
+
+
 def test_recalibration_leaves_the_global_random_generators_alone():
     """Loading calibration samples runs the dataset's random augmentations in the main process; the rest of the
     run's randomness must not depend on whether validation recalibrated."""

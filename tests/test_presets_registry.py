@@ -54,6 +54,8 @@ def test_unknown_name_lists_known_names_and_the_closest(registry):
     assert "Did you mean 'mixing-demo'?" in message and "baseline" in message
     with pytest.raises(UnknownPresetError, match=r"Known presets:.*`@register_preset` exists where its module has"):
         presets.describe("zzzzzz")
+    with pytest.raises(UnknownPresetError, match=r"Unknown preset 'MIXING-DEMO'\. Did you mean 'mixing-demo'\?"):
+        presets.get("MIXING-DEMO")  # the closest name whatever the case
 
 
 def test_declarative_overrides_change_and_drop_callbacks(registry):
@@ -162,6 +164,15 @@ def test_broken_entry_point_warns_and_keeps_the_built_ins(registry, tmp_path, mo
         assert "baseline" in presets.names()
 
 
+def test_an_entry_point_that_exits_as_it_is_imported_is_warned_about(registry, tmp_path, monkeypatch):
+    """A script registered by mistake (argparse on import) exits: the built-in presets still answer."""
+    (tmp_path / "script_not_plugin.py").write_text("raise SystemExit(2)\n")
+    monkeypatch.delitem(sys.modules, "script_not_plugin", raising=False)
+    _install_plugin(tmp_path, monkeypatch, "script", "oops = script_not_plugin\n")
+    with pytest.warns(UserWarning, match=r"Could not load preset entry point 'oops'.*SystemExit: 2"):
+        assert "vision-mild" in presets.names()
+
+
 def test_a_malformed_entry_point_value_is_warned_about_and_the_other_plugins_still_load(
     registry, tmp_path, monkeypatch
 ):
@@ -172,7 +183,9 @@ def test_a_malformed_entry_point_value_is_warned_about_and_the_other_plugins_sti
     )
     monkeypatch.delitem(sys.modules, "typo_neighbour_presets", raising=False)  # imported afresh, dropped after
     _install_plugin(tmp_path, monkeypatch, "typo", "bad = typo-plugin.presets\nfine = typo_neighbour_presets:GOOD\n")
-    with pytest.warns(UserWarning, match=r"Could not load preset entry point 'bad' \(typo-plugin.presets\)"):
+    with pytest.warns(
+        UserWarning, match=r"Could not load preset entry point 'bad' \(typo-plugin.presets\): its value is no `module`"
+    ):
         known = presets.names()
     assert "good-one" in known and "vision-mild" in known
     assert presets.get("good-one").callbacks[0].alpha == 0.2

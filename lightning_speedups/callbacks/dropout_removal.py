@@ -19,6 +19,7 @@ from lightning_speedups.functional.dropout import (
     restore_dropout,
     unhandled_dropout,
 )
+from lightning_speedups.seam import has_weight_averaging, updating_batchnorm_only
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -73,6 +74,7 @@ class DropoutRemoval(SpeedupCallback):
         self._rescan = False  # a new epoch began after the removal: look for dropouts added since
         self._verify = self._warned_back = self._checked_epoch = False  # the checks for rates set back
         self._last_index, self._max_steps = math.inf, -1
+        self._weight_averaging = False  # a StochasticWeightAveraging callback: its BatchNorm epoch is left alone
 
     @property
     def removed(self) -> int:
@@ -91,6 +93,7 @@ class DropoutRemoval(SpeedupCallback):
         super().on_train_start(trainer, pl_module)
         # a fit resumed mid-epoch gets no `on_train_epoch_start` for that epoch: its last step is known from here
         self._last_index, self._max_steps = trainer.num_training_batches - 1, trainer.max_steps
+        self._weight_averaging = has_weight_averaging(trainer)
         # Here rather than in setup: modules built in `configure_model` exist by now.
         if self.start >= 1.0:  # progress stays below 1 through the last step: a setting that turns it off
             rank_zero_info("DropoutRemoval(start=1.0) never removes dropout: the last step is at progress < 1.")
@@ -119,6 +122,8 @@ class DropoutRemoval(SpeedupCallback):
                 self._rescan = False
                 self._remove_added(pl_module)
             return
+        if self.start >= 1.0 or (self._weight_averaging and updating_batchnorm_only(trainer)):
+            return  # off; or SWA's extra BatchNorm epoch (progress 1), which keeps the dropout training ended with
         # start=0 needs no progress: it works on runs of unknown length (max_time, an iterable dataset) too
         if self.start > 0 and self.progress(trainer) < self.start:
             return

@@ -256,7 +256,9 @@ class ProgressiveResizing(SpeedupCallback):
         self._plan: ResizePlan | None = None  # of the last training batch
         self._size: tuple[int, int] | None = None  # of the last training batch, after resizing
         self._reduced_step_done = False  # a training step at a reduced size has gone through
-        self._full: tuple[int, int] | None = None  # of the last training batch, before resizing
+        # of the last training batch, before resizing; in pipeline mode, the dataset's full size once learned
+        self._full: tuple[int, int] | None = None
+        self._run: float = math.inf  # pipeline mode: training batches at `_size` in a row (this whole fit: inf)
         self._val_size: tuple[int, int] | None = None
         self._warned_several_val_sizes = False
         self._cache: deque[Tensor] = deque(maxlen=self.calibration_batches)
@@ -366,8 +368,13 @@ class ProgressiveResizing(SpeedupCallback):
             self._warn_unresized_validation_masks(batch, x)
         full = (int(x.shape[-2]), int(x.shape[-1]))
         if self.mode == "pipeline":
-            self._size = full  # the pipeline already made it; full-size batches are loaded when needed
-            self._full_batches = self._full_batches + 1 if plan.is_full else 0  # see `_horizon`
+            # the pipeline already made its size; full-size batches are loaded when needed
+            self._run = self._run + 1 if self._size in (None, full) else 1  # None: this fit's first batch
+            self._size = full
+            # an epoch ramp's plan names a resolution, which is full size only if the dataset's is that: known from
+            # the first validation on (`_learn_full_size`), which counts the full-size batches before it
+            at_full = plan.is_full or (self._full is not None and full == self._full)
+            self._full_batches = self._full_batches + 1 if at_full else 0  # see `_horizon`
             return batch
         size = plan.size_for(full)
         self._full, self._size = full, size
@@ -541,6 +548,7 @@ class ProgressiveResizing(SpeedupCallback):
         self._settled = False
         # training batches at full size since the last smaller one; none smaller yet: "forever" (nothing to forget)
         self._full_batches = math.inf
+        self._run, self._size = math.inf, None  # a resumed fit gets its own back (`load_state_dict`)
         self._wrapped_loader = False
         if self.mode == "crop":
             self._check_order(trainer)
@@ -677,6 +685,8 @@ class ProgressiveResizing(SpeedupCallback):
             return
         if not self._trained_bn:
             return  # every BatchNorm layer is frozen: their statistics do not depend on the training size
+        if self.mode == "pipeline" and self._full is None and self._plan.resolution is not None:
+            self._learn_full_size(trainer, pl_module)
         several = trainer.world_size > 1
         # Every rank must take the same decisions: recalibrating pools statistics over the ranks (a collective).
         # This rank's last batches may have trained at full size while another's did not (images of several
@@ -764,7 +774,17 @@ class ProgressiveResizing(SpeedupCallback):
             return self.calibration_forward(module, images)
         return module(images)
 
-    def _calibration_inputs(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[Tensor]:
+    def _learn_full_size(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Pipeline mode with an epoch ramp: the size of the dataset's images as the pipeline makes them without a
+        resolution (one sample), so that batches the ramp brought to that size count as full size."""
+        (images,) = self._calibration_inputs(trainer, pl_module, batches=1, batch_size=1)
+        self._full = (int(images.shape[-2]), int(images.shape[-1]))
+        if self._size == self._full:
+            self._full_batches = self._run  # the batches in a row at this size, up to this validation
+
+    def _calibration_inputs(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batches: int | None = None, batch_size: int = 0
+    ) -> list[Tensor]:
         if self.mode != "pipeline":
             return list(self._cache)
         loader = trainer.train_dataloader
@@ -776,8 +796,8 @@ class ProgressiveResizing(SpeedupCallback):
         # The dataset's random augmentations draw from the main process's global generators here; leave them
         # as they were, so that recalibrating does not change the rest of the run's randomness.
         with global_rng_kept():
-            for _ in range(self.calibration_batches):
-                indices = rng.choice(n, size=min(n, loader.batch_size or 1), replace=False)
+            for _ in range(self.calibration_batches if batches is None else batches):
+                indices = rng.choice(n, size=min(n, batch_size or loader.batch_size or 1), replace=False)
                 batch = loader.collate_fn([base[int(i)] for i in indices])  # plain indices: full size
                 batch = trainer.precision_plugin.convert_input(batch)
                 batch = pl_module._on_before_batch_transfer(batch, dataloader_idx=0)
@@ -812,7 +832,8 @@ class ProgressiveResizing(SpeedupCallback):
     def _resized(self) -> bool:
         """Whether the last training batch was at a reduced size (in pipeline mode: planned so by the schedule)."""
         if self.mode == "pipeline":
-            return self._size is not None and self._plan is not None and not self._plan.is_full
+            planned = self._plan is not None and not self._plan.is_full
+            return self._size is not None and planned and self._size != self._full
         return self._size is not None and self._full is not None and self._size != self._full
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
@@ -879,6 +900,7 @@ class ProgressiveResizing(SpeedupCallback):
             "full": list(self._full) if self._full is not None else None,
             # a resumed run recalibrates after the ramp where the uninterrupted one would
             "full_batches": self._full_batches,
+            "run": self._run,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -888,3 +910,4 @@ class ProgressiveResizing(SpeedupCallback):
         self._size = tuple(state_dict["size"]) if state_dict.get("size") else None  # type: ignore[assignment]
         self._full = tuple(state_dict["full"]) if state_dict.get("full") else None  # type: ignore[assignment]
         self._full_batches = state_dict.get("full_batches", math.inf)
+        self._run = state_dict.get("run", math.inf)
