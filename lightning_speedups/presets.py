@@ -385,7 +385,8 @@ def _load_each_entry_point() -> list[str]:
         except (Exception, SystemExit) as err:  # a script registered by mistake may exit as it is imported
             # a plug-in that failed half-way registers nothing (another plug-in it imported keeps its own)
             _roll_back(before, {m for m in modules if m != module})
-            malformed = not all(part.isidentifier() for part in module.split("."))  # importlib's own words are cryptic
+            # importlib's own words for a malformed value are cryptic (an AttributeError on None)
+            malformed = getattr(ep, "pattern", None) is not None and ep.pattern.fullmatch(ep.value) is None
             why = "its value is no `module` or `module:object` path" if malformed else f"{type(err).__name__}: {err}"
             problems.append(f"Could not load {where}: {why}")
             continue

@@ -412,6 +412,71 @@ def test_an_epoch_ramp_to_full_size_stops_recalibrating_as_on_the_device(min_res
     assert counts == {"resize": 4 if min_res < SIZE else 0, "pipeline": 4 if min_res < SIZE else 0}
 
 
+class LargerImages(PipelineData):
+    """The same data at 24 x 24: another full size for the next fit."""
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        for dataset in (self.train_dataset, self.val_dataset):
+            dataset.x = F.interpolate(dataset.x, size=(24, 24))
+
+
+def _pad_to_largest(samples: list[tuple[Tensor, Tensor, int]]) -> tuple[Tensor, Tensor, Tensor]:
+    """Detection-style collate: images of several sizes padded to the batch's largest."""
+    side = max(x.shape[-1] for x, _, _ in samples)
+    xs = torch.stack([F.pad(x, (0, side - x.shape[-1], 0, side - x.shape[-2])) for x, _, _ in samples])
+    return xs, torch.stack([y for _, y, _ in samples]), torch.tensor([pid for _, _, pid in samples])
+
+
+class MixedSizes(PipelineData):
+    """Native 16 x 16 images, and every fourth at 20 x 20; batches padded to their largest."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(collate_fn=_pad_to_largest, **kwargs)
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        x = self.train_dataset.x
+        self.train_dataset.x = [F.pad(x[i], (2, 2, 2, 2)) if i % 4 == 0 else x[i] for i in range(len(x))]
+
+
+def test_the_full_size_is_learned_per_fit_and_only_from_batches_of_one_size():
+    ramp = dict(mode="pipeline", validation="recalibrate", min_res=8, max_res=SIZE, start_ramp=0, end_ramp=1)
+    cb = ProgressiveResizing(**ramp)
+    trainer(callbacks=[cb], max_epochs=2, num_sanity_val_steps=0).fit(
+        PipelineRecorder(), datamodule=PipelineData(num_workers=0)
+    )
+    assert cb._full == (SIZE, SIZE) and cb.recalibrations == 2
+    # the same callback on 24 x 24 data: the ramp (to 16) never reaches full size, every validation recalibrates
+    trainer(callbacks=[cb], max_epochs=5, num_sanity_val_steps=0).fit(
+        PipelineRecorder(), datamodule=LargerImages(num_workers=0)
+    )
+    assert cb._full == (24, 24) and cb.recalibrations == 2 + 5
+    # padded batches of several sizes name no one full size: every validation recalibrates, as on the device
+    cb = ProgressiveResizing(**ramp)
+    trainer(callbacks=[cb], max_epochs=6, num_sanity_val_steps=0).fit(
+        PipelineRecorder(), datamodule=MixedSizes(num_workers=0)
+    )
+    assert cb.recalibrations == 6
+    # calibration batches of several sizes (padded, as the random draw makes them): no full size is learned
+    cb = ProgressiveResizing(**ramp)
+    cb._learn_full_size([torch.zeros(8, 1, 16, 16), torch.zeros(8, 1, 20, 20)])
+    assert cb._full is None
+    cb._learn_full_size([torch.zeros(8, 1, 20, 20)] * 2)
+    assert cb._full == (20, 20)
+
+
+def test_a_checkpoint_without_the_run_length_counts_full_size_batches_from_the_resume():
+    cb = ProgressiveResizing(
+        mode="pipeline", validation="recalibrate", min_res=8, max_res=SIZE, start_ramp=0, end_ramp=1
+    )
+    state = cb.state_dict()
+    state.update(size=[SIZE, SIZE], full=None, full_batches=0)
+    del state["run"]
+    cb.load_state_dict(state)
+    assert cb._run == 0  # not "forever": the batches before the checkpoint are not known to be full size
+
+
 def test_recalibration_leaves_the_global_random_generators_alone():
     """Loading calibration samples runs the dataset's random augmentations in the main process; the rest of the
     run's randomness must not depend on whether validation recalibrated."""

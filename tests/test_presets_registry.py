@@ -182,11 +182,18 @@ def test_a_malformed_entry_point_value_is_warned_about_and_the_other_plugins_sti
         "GOOD = declarative('good-one', 's', 'd', [('MixUp', {})])\n"
     )
     monkeypatch.delitem(sys.modules, "typo_neighbour_presets", raising=False)  # imported afresh, dropped after
-    _install_plugin(tmp_path, monkeypatch, "typo", "bad = typo-plugin.presets\nfine = typo_neighbour_presets:GOOD\n")
-    with pytest.warns(
-        UserWarning, match=r"Could not load preset entry point 'bad' \(typo-plugin.presets\): its value is no `module`"
-    ):
+    _install_plugin(
+        tmp_path,
+        monkeypatch,
+        "typo",
+        "bad = typo-plugin.presets\nworse = typo_neighbour_presets:my-preset\nfine = typo_neighbour_presets:GOOD\n",
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         known = presets.names()
+    said = " ".join(str(w.message) for w in caught)
+    for name, value in (("bad", "typo-plugin.presets"), ("worse", "typo_neighbour_presets:my-preset")):
+        assert f"Could not load preset entry point {name!r} ({value}): its value is no `module`" in said
     assert "good-one" in known and "vision-mild" in known
     assert presets.get("good-one").callbacks[0].alpha == 0.2
 

@@ -548,7 +548,8 @@ class ProgressiveResizing(SpeedupCallback):
         self._settled = False
         # training batches at full size since the last smaller one; none smaller yet: "forever" (nothing to forget)
         self._full_batches = math.inf
-        self._run, self._size = math.inf, None  # a resumed fit gets its own back (`load_state_dict`)
+        # a resumed fit gets its own back (`load_state_dict`); the next fit's data may have another full size
+        self._run, self._size, self._full = math.inf, None, None
         self._wrapped_loader = False
         if self.mode == "crop":
             self._check_order(trainer)
@@ -685,8 +686,10 @@ class ProgressiveResizing(SpeedupCallback):
             return
         if not self._trained_bn:
             return  # every BatchNorm layer is frozen: their statistics do not depend on the training size
+        preloaded = None
         if self.mode == "pipeline" and self._full is None and self._plan.resolution is not None:
-            self._learn_full_size(trainer, pl_module)
+            preloaded = self._calibration_inputs(trainer, pl_module)  # full size: what `_full_batches` needs
+            self._learn_full_size(preloaded)
         several = trainer.world_size > 1
         # Every rank must take the same decisions: recalibrating pools statistics over the ranks (a collective).
         # This rank's last batches may have trained at full size while another's did not (images of several
@@ -697,7 +700,7 @@ class ProgressiveResizing(SpeedupCallback):
             wanted = trainer.strategy.reduce_boolean_decision(wanted, all=False)
         if not wanted:
             return
-        inputs = self._calibration_inputs(trainer, pl_module)
+        inputs = preloaded if preloaded is not None else self._calibration_inputs(trainer, pl_module)
         have = bool(inputs)
         if several:
             have = trainer.strategy.reduce_boolean_decision(have, all=True)
@@ -774,17 +777,18 @@ class ProgressiveResizing(SpeedupCallback):
             return self.calibration_forward(module, images)
         return module(images)
 
-    def _learn_full_size(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Pipeline mode with an epoch ramp: the size of the dataset's images as the pipeline makes them without a
-        resolution (one sample), so that batches the ramp brought to that size count as full size."""
-        (images,) = self._calibration_inputs(trainer, pl_module, batches=1, batch_size=1)
-        self._full = (int(images.shape[-2]), int(images.shape[-1]))
+    def _learn_full_size(self, full_batches: list[Tensor]) -> None:
+        """Pipeline mode with an epoch ramp: the size of the batches the pipeline makes without a resolution, so
+        that batches the ramp brought to that size count as full size. Not if those batches differ in size
+        (a collate that pads to the batch's largest image): every validation recalibrates then, as on the device."""
+        sizes = {(int(x.shape[-2]), int(x.shape[-1])) for x in full_batches}
+        if len(sizes) != 1:
+            return
+        (self._full,) = sizes
         if self._size == self._full:
             self._full_batches = self._run  # the batches in a row at this size, up to this validation
 
-    def _calibration_inputs(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batches: int | None = None, batch_size: int = 0
-    ) -> list[Tensor]:
+    def _calibration_inputs(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[Tensor]:
         if self.mode != "pipeline":
             return list(self._cache)
         loader = trainer.train_dataloader
@@ -796,8 +800,8 @@ class ProgressiveResizing(SpeedupCallback):
         # The dataset's random augmentations draw from the main process's global generators here; leave them
         # as they were, so that recalibrating does not change the rest of the run's randomness.
         with global_rng_kept():
-            for _ in range(self.calibration_batches if batches is None else batches):
-                indices = rng.choice(n, size=min(n, batch_size or loader.batch_size or 1), replace=False)
+            for _ in range(self.calibration_batches):
+                indices = rng.choice(n, size=min(n, loader.batch_size or 1), replace=False)
                 batch = loader.collate_fn([base[int(i)] for i in indices])  # plain indices: full size
                 batch = trainer.precision_plugin.convert_input(batch)
                 batch = pl_module._on_before_batch_transfer(batch, dataloader_idx=0)
@@ -910,4 +914,5 @@ class ProgressiveResizing(SpeedupCallback):
         self._size = tuple(state_dict["size"]) if state_dict.get("size") else None  # type: ignore[assignment]
         self._full = tuple(state_dict["full"]) if state_dict.get("full") else None  # type: ignore[assignment]
         self._full_batches = state_dict.get("full_batches", math.inf)
-        self._run = state_dict.get("run", math.inf)
+        # a checkpoint from before `run` was saved: count from the resume (at worst a recalibration too many)
+        self._run = state_dict.get("run", 0 if self._size is not None else math.inf)
