@@ -77,13 +77,31 @@ def test_an_integer_column_is_class_ids_and_a_boolean_or_float_column_is_one_cla
         np.testing.assert_allclose(fs.repeat_factors(column, threshold=1.0), [1.0] * 6 + [2.0] * 2)
 
 
+def test_an_object_table_of_numbers_reads_as_its_numeric_twin():
+    """A mixed-type DataFrame's `to_numpy()` is a 2-D object array: a 0/1 table is multi-hot (it was read as
+    lists of class ids, [1, 0, 0] listing classes 1 and 0), an integer column is class ids."""
+    table = np.zeros((40, 3), dtype=np.int64)
+    table[:39, 0], table[39, 2] = 1, 1  # class 2 is rare: its sample is repeated
+    expected = fs.repeat_factors(table, threshold=0.2)
+    assert expected[39] == pytest.approx(math.sqrt(0.2 * 40))
+    np.testing.assert_allclose(fs.repeat_factors(table.astype(object), threshold=0.2), expected)
+    column = np.array([[0], [2], [1]], dtype=object)
+    assert fs.label_sets(column)[1].tolist() == [0, 2, 1]
+    # whole-number floats per sample pass, as in a float array
+    assert fs.label_sets([np.array([0.0]), np.array([0.0, 1.0])])[1].tolist() == [0, 0, 1]
+    with pytest.raises(TypeError, match=r"got 'cat'\. Class names\?"):
+        fs.label_sets(np.array(["cat", ["dog"]], dtype=object))
+
+
 @pytest.mark.parametrize(
     ("labels", "match"),
     [
         ([0, -1, 2], "must be >= 0"),
         ([[0], [-3]], "must be >= 0"),
         (np.array([0.5, 1.0]), "must be integers"),
-        ([[0], ["cat"]], "must be integers"),
+        ([[0], ["cat"]], r"must be integers, got 'cat'\. Class names\? Map them to ids"),
+        (np.array([["cat"], ["dog"]], dtype=object), r"multi-hot.*Class names\? Map them"),
+        (np.array([[0, 2], [1, 1]], dtype=object), "multi-hot"),  # as its numeric twin
         (["cat", "dog", "cat"], r"must be integers, got dtype <U3 \(e.g. class names\)"),
         (np.array([[0, 2], [1, 1]]), "multi-hot"),
         (np.array([[0.0], [2.0]]), r"multi-hot.*integer column \(N, 1\) of class ids"),

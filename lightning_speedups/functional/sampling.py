@@ -78,6 +78,13 @@ def label_sets(labels: Any) -> tuple[np.ndarray, np.ndarray, int]:
         (array([1]), array([0]))
     """
     arr = _as_array(labels)
+    if arr is not None and arr.ndim == 2 and arr.dtype == object:
+        # a table of Python numbers (a mixed-type DataFrame's `to_numpy()`): read as its numeric twin would be,
+        # never as lists of class ids (a 0/1 row would list classes 0 and 1)
+        if not all(isinstance(v, int | float | np.integer | np.floating) for v in arr.flat):
+            names = any(isinstance(v, str) for v in arr.flat)
+            raise ValueError(_NOT_MULTI_HOT + (_NAMES_HINT if names else ""))
+        arr = arr.astype(np.float64 if any(isinstance(v, float | np.floating) for v in arr.flat) else np.int64)
     if arr is not None and arr.ndim == 2 and arr.shape[1] == 1 and np.issubdtype(arr.dtype, np.integer):
         # Read as multi-hot, binary class ids 0/1 would turn class 0 into "no label" and class 1 into class 0.
         arr = arr[:, 0]
@@ -86,16 +93,13 @@ def label_sets(labels: Any) -> tuple[np.ndarray, np.ndarray, int]:
         return np.arange(len(ids), dtype=np.int64), ids, len(ids)
     if arr is not None and arr.ndim == 2 and arr.dtype != object:
         if not np.isin(arr, (0, 1)).all():
-            raise ValueError(
-                "2-D labels must be a multi-hot matrix (N, C) of 0/1 or booleans, or an integer column (N, 1) of "
-                "class ids; for lists of class ids per sample pass a list of lists."
-            )
+            raise ValueError(_NOT_MULTI_HOT)
         samples, classes = np.nonzero(arr)
         return samples.astype(np.int64), classes.astype(np.int64), arr.shape[0]
     if arr is not None and arr.ndim > 2:
         raise ValueError(f"Labels must be 1-D or 2-D, got an array of shape {arr.shape}.")
     # Ragged: a sequence whose items are ints or sequences of ints.
-    items = [_as_list(item) for item in labels]
+    items = [_as_list(item) for item in (labels if arr is None else arr)]
     lengths = np.fromiter((len(item) for item in items), dtype=np.int64, count=len(items))
     flat = np.fromiter(itertools.chain.from_iterable(items), dtype=object, count=int(lengths.sum()))
     classes = _class_ids(flat)
@@ -106,6 +110,16 @@ def label_sets(labels: Any) -> tuple[np.ndarray, np.ndarray, int]:
         _, first = np.unique(samples * len(ids) + inverse, return_index=True)
         samples, classes = samples[first], classes[first]
     return samples, classes, len(items)
+
+
+_NOT_MULTI_HOT = (
+    "2-D labels must be a multi-hot matrix (N, C) of 0/1 or booleans, or an integer column (N, 1) of class ids; "
+    "for lists of class ids per sample pass a list of lists."
+)
+_NAMES_HINT = (
+    " Class names? Map them to ids first: `np.unique(labels, return_inverse=True)[1]` for one per sample, "
+    "a `{name: id}` dict applied to each sample's list otherwise."
+)
 
 
 def _as_array(labels: Any) -> np.ndarray | None:
@@ -141,16 +155,20 @@ def _as_list(item: Any) -> list[Any]:
         return [item]
     if isinstance(item, Sequence | set | frozenset) and not isinstance(item, str):
         return list(item)
-    raise TypeError(f"Each sample's labels must be a class id or a sequence of class ids, got {item!r}.")
+    hint = _NAMES_HINT if isinstance(item, str) else ""
+    raise TypeError(f"Each sample's labels must be a class id or a sequence of class ids, got {item!r}.{hint}")
 
 
 def _class_ids(values: np.ndarray) -> np.ndarray:
     if values.dtype == object:
         bad = next((v for v in values if not _is_int(v)), None)
-        if bad is not None:
-            raise ValueError(f"Class ids must be integers, got {bad!r}.")
-        values = values.astype(np.int64)
-    elif not np.issubdtype(values.dtype, np.number) and not np.issubdtype(values.dtype, np.bool_):
+        if bad is not None and all(_is_int(v) or isinstance(v, float | np.floating) for v in values):
+            values = values.astype(np.float64)  # whole-number floats pass, as in a float array (below)
+        elif bad is not None:
+            raise ValueError(f"Class ids must be integers, got {bad!r}.{_NAMES_HINT if isinstance(bad, str) else ''}")
+        else:
+            values = values.astype(np.int64)
+    if not np.issubdtype(values.dtype, np.number) and not np.issubdtype(values.dtype, np.bool_):
         raise ValueError(
             f"Class ids must be integers, got dtype {values.dtype} (e.g. class names): map them to ids first, "
             "e.g. `np.unique(labels, return_inverse=True)[1]`."
