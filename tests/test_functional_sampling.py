@@ -87,8 +87,21 @@ def test_an_object_table_of_numbers_reads_as_its_numeric_twin():
     np.testing.assert_allclose(fs.repeat_factors(table.astype(object), threshold=0.2), expected)
     column = np.array([[0], [2], [1]], dtype=object)
     assert fs.label_sets(column)[1].tolist() == [0, 2, 1]
-    # whole-number floats per sample pass, as in a float array
+    # a column of Python or NumPy booleans is one class, present or not, as a boolean array is
+    for flags in ([[True], [False], [False]], [[np.True_], [np.False_], [np.False_]]):
+        samples, classes, _ = fs.label_sets(np.array(flags, dtype=object))
+        assert samples.tolist() == [0] and classes.tolist() == [0]
+    # whole-number floats per sample pass, as in a float array; ints beside them stay exact
     assert fs.label_sets([np.array([0.0]), np.array([0.0, 1.0])])[1].tolist() == [0, 0, 1]
+    assert fs.label_sets([[2**60 + 1, 1.0], [0]])[1].tolist() == [1, 2**60 + 1, 0]
+    for bad, said in (([[0, 1.5], [2]], "got 1.5"), ([[0, float("nan")], [2]], "got nan")):
+        with pytest.raises(ValueError, match=f"Class ids must be integers, {said}"):
+            fs.label_sets(bad)
+    for huge in ([[0, 1e19], [2]], [[2**64], [1]]):
+        with pytest.raises(ValueError, match=r"Class ids must be below 2\*\*63"):
+            fs.label_sets(huge)
+    with pytest.raises(ValueError, match=r"multi-hot.*Got None in a 2-D object array"):
+        fs.label_sets(np.array([[0], [None]], dtype=object))
     with pytest.raises(TypeError, match=r"got 'cat'\. Class names\?"):
         fs.label_sets(np.array(["cat", ["dog"]], dtype=object))
 

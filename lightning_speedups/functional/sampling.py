@@ -81,10 +81,14 @@ def label_sets(labels: Any) -> tuple[np.ndarray, np.ndarray, int]:
     if arr is not None and arr.ndim == 2 and arr.dtype == object:
         # a table of Python numbers (a mixed-type DataFrame's `to_numpy()`): read as its numeric twin would be,
         # never as lists of class ids (a 0/1 row would list classes 0 and 1)
-        if not all(isinstance(v, int | float | np.integer | np.floating) for v in arr.flat):
-            names = any(isinstance(v, str) for v in arr.flat)
-            raise ValueError(_NOT_MULTI_HOT + (_NAMES_HINT if names else ""))
-        arr = arr.astype(np.float64 if any(isinstance(v, float | np.floating) for v in arr.flat) else np.int64)
+        kinds = {type(v) for v in arr.flat}
+        bad = next((v for v in arr.flat if not isinstance(v, _NUMBER)), None) if kinds - _NUMBER_TYPES else None
+        if bad is not None or not all(issubclass(k, _NUMBER) for k in kinds):
+            raise ValueError(f"{_NOT_MULTI_HOT} Got {bad!r} in a 2-D object array.{_names_hint(bad)}")
+        if all(issubclass(k, bool | np.bool_) for k in kinds):
+            arr = arr.astype(np.bool_)  # a present/absent table, an (N, 1) one included
+        else:
+            arr = arr.astype(np.float64 if any(issubclass(k, float | np.floating) for k in kinds) else np.int64)
     if arr is not None and arr.ndim == 2 and arr.shape[1] == 1 and np.issubdtype(arr.dtype, np.integer):
         # Read as multi-hot, binary class ids 0/1 would turn class 0 into "no label" and class 1 into class 0.
         arr = arr[:, 0]
@@ -122,6 +126,18 @@ _NAMES_HINT = (
 )
 
 
+_NUMBER = (int, float, np.integer, np.floating, np.bool_)
+_NUMBER_TYPES = {int, float, bool, np.bool_, np.int64, np.int32, np.float64, np.float32}
+
+
+def _whole_float(value: Any) -> bool:
+    return isinstance(value, float | np.floating) and math.isfinite(value) and float(value).is_integer()
+
+
+def _names_hint(value: Any) -> str:
+    return _NAMES_HINT if isinstance(value, str) else ""
+
+
 def _as_array(labels: Any) -> np.ndarray | None:
     if hasattr(labels, "detach"):  # torch tensor
         labels = labels.detach().cpu().numpy()
@@ -151,23 +167,27 @@ def _as_list(item: Any) -> list[Any]:
         item = item.detach().cpu().numpy()
     if isinstance(item, np.ndarray):
         return item.reshape(-1).tolist()
-    if _is_int(item):
+    if _is_int(item) or isinstance(item, float | np.floating):  # `_class_ids` takes whole-number floats
         return [item]
     if isinstance(item, Sequence | set | frozenset) and not isinstance(item, str):
         return list(item)
-    hint = _NAMES_HINT if isinstance(item, str) else ""
-    raise TypeError(f"Each sample's labels must be a class id or a sequence of class ids, got {item!r}.{hint}")
+    raise TypeError(
+        f"Each sample's labels must be a class id or a sequence of class ids, got {item!r}.{_names_hint(item)}"
+    )
 
 
 def _class_ids(values: np.ndarray) -> np.ndarray:
     if values.dtype == object:
-        bad = next((v for v in values if not _is_int(v)), None)
-        if bad is not None and all(_is_int(v) or isinstance(v, float | np.floating) for v in values):
-            values = values.astype(np.float64)  # whole-number floats pass, as in a float array (below)
-        elif bad is not None:
-            raise ValueError(f"Class ids must be integers, got {bad!r}.{_NAMES_HINT if isinstance(bad, str) else ''}")
-        else:
+        if any(not _is_int(v) for v in values):
+            # whole-number floats pass, as in a float array (below); ints stay exact (no cast through float64)
+            bad = next((v for v in values if not (_is_int(v) or _whole_float(v))), None)
+            if bad is not None:
+                raise ValueError(f"Class ids must be integers, got {bad!r}.{_names_hint(bad)}")
+            values = np.array([int(v) for v in values], dtype=object)
+        try:
             values = values.astype(np.int64)
+        except OverflowError:
+            raise ValueError(f"Class ids must be below 2**63, got {max(values)!r}.") from None
     if not np.issubdtype(values.dtype, np.number) and not np.issubdtype(values.dtype, np.bool_):
         raise ValueError(
             f"Class ids must be integers, got dtype {values.dtype} (e.g. class names): map them to ids first, "
