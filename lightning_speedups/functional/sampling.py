@@ -82,8 +82,9 @@ def label_sets(labels: Any) -> tuple[np.ndarray, np.ndarray, int]:
         # a table of Python numbers (a mixed-type DataFrame's `to_numpy()`): read as its numeric twin would be,
         # never as lists of class ids (a 0/1 row would list classes 0 and 1)
         kinds = {type(v) for v in arr.flat}
-        bad = next((v for v in arr.flat if not isinstance(v, _NUMBER)), None) if kinds - _NUMBER_TYPES else None
-        if bad is not None or not all(issubclass(k, _NUMBER) for k in kinds):
+        odd = tuple(k for k in kinds if not issubclass(k, _NUMBER))
+        if odd:
+            bad = next(v for v in arr.flat if isinstance(v, odd))
             raise ValueError(f"{_NOT_MULTI_HOT} Got {bad!r} in a 2-D object array.{_names_hint(bad)}")
         if all(issubclass(k, bool | np.bool_) for k in kinds):
             arr = arr.astype(np.bool_)  # a present/absent table, an (N, 1) one included
@@ -127,7 +128,6 @@ _NAMES_HINT = (
 
 
 _NUMBER = (int, float, np.integer, np.floating, np.bool_)
-_NUMBER_TYPES = {int, float, bool, np.bool_, np.int64, np.int32, np.float64, np.float32}
 
 
 def _whole_float(value: Any) -> bool:
