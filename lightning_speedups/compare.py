@@ -88,6 +88,8 @@ class RunResult:
     flops: float
     steps: int
     batch_size: int | None = None  # the datamodule's at the end (a BatchSizeFinder may have changed it)
+    uncounted: dict[str, str] = field(default_factory=dict)  # modules the FLOP counter counted nothing for
+    flops_vary: bool = False  # some batch shape's steps differed in FLOPs: each of them was counted
 
     @property
     def final(self) -> float:
@@ -152,15 +154,17 @@ def _current_folder_on_path() -> None:
 def load_object(path: str, what: str) -> Any:
     """``package.module:Name`` or ``package.module.Name`` -> the object, with a clear error otherwise."""
     module_name, sep, attr = path.partition(":")
-    if not sep:
+    if not sep and path.endswith(".py"):  # `my_module.py` would split into module `my_module`, attribute `py`
+        module_name = path
+    elif not sep:
         module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise CompareError(f"--{what} {path!r} is not an import path like 'my_package.my_module:MyClass'.")
     if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
         raise CompareError(
             f"--{what} {path!r} is a file path; give the module's import path instead, e.g. 'my_module:MyClass' "
             "for my_module.py in the current folder."
         )
+    if not module_name or not attr:
+        raise CompareError(f"--{what} {path!r} is not an import path like 'my_package.my_module:MyClass'.")
     _current_folder_on_path()
     try:
         module = importlib.import_module(module_name)
@@ -283,7 +287,13 @@ def _factories(cfg: CompareConfig) -> tuple[Callable[[], pl.LightningModule], Ca
         try:
             return cls(**args)
         except TypeError as err:
-            raise CompareError(f"Could not build the {what} {cls.__name__}({_fmt(args)}): {err}") from err
+            where = _raised_at(err)  # a TypeError inside the user's __init__, not a wrong keyword
+            hint = (
+                f" Pass its arguments with --{what}-args '{{\"name\": value}}' (JSON)."
+                if not where and ("argument" in str(err))
+                else ""
+            )
+            raise CompareError(f"Could not build the {what} {cls.__name__}({_fmt(args)}): {err}{where}{hint}") from err
 
     return (lambda: make(model_cls, cfg.model_args, "model")), (lambda: make(dm_cls, cfg.datamodule_args, "datamodule"))
 
@@ -627,6 +637,8 @@ def _run(
         flops=meter.flops,
         steps=trainer.global_step,
         batch_size=batch_size if isinstance(batch_size, int) and not isinstance(batch_size, bool) else None,
+        uncounted=dict(meter.uncounted),
+        flops_vary=bool(meter.varying),
     )
 
 
@@ -997,7 +1009,23 @@ def format_report(report: Report) -> str:
             "model's operations are not ones it counts), so the FLOPs columns and the baseline shortened to the "
             "recipe's FLOPs are not available; wall-clock and CPU time still compare.",
         ]
-    elif recipe is not None and budget is None and cfg.get("budget_baseline", True):
+    uncounted_modules = {name: kind for r in report.runs for name, kind in r.uncounted.items()}
+    if uncounted_modules and not uncounted:
+        named = ", ".join(f"`{n}` ({k})" for n, k in sorted(uncounted_modules.items())[:5])
+        more = f" and {len(uncounted_modules) - 5} more" if len(uncounted_modules) > 5 else ""
+        lines += [
+            "",
+            f"**FLOPs undercounted**: `torch.utils.flop_counter` counts nothing for {named}{more} (operations it "
+            "does not know, e.g. `nn.LSTM` on CPU), so the FLOPs columns and the FLOPs budget of the shortened "
+            "baseline leave them out; wall-clock and CPU time are whole.",
+        ]
+    if any(r.flops_vary for r in report.runs):
+        lines += [
+            "",
+            "FLOPs per step varied within one batch shape (the model's compute depends on the data, e.g. trimming "
+            "padding): those steps were each counted, which slows them a little.",
+        ]
+    if recipe is not None and budget is None and cfg.get("budget_baseline", True) and not uncounted:
         lines += [
             "",
             "No baseline shortened to the recipe's FLOPs: the recipe's training FLOPs are not below the baseline's, "
@@ -1058,6 +1086,8 @@ def save_report(report: Report, output: Path, text: str) -> bool:
                 "flops": r.flops,
                 "steps": r.steps,
                 "batch_size": r.batch_size,
+                "uncounted_modules": r.uncounted,
+                "flops_vary": r.flops_vary,
                 "history": [asdict(c) for c in r.history],
             }
             for r in report.runs

@@ -1,8 +1,11 @@
 """`TrainingMeter`: what a run cost and what it reached, recorded at every validation.
 
-Used by ``lightning-speedups compare`` and the benchmarks. FLOPs are *counted*, not estimated: the first
-training step of each distinct batch shape and kind of step runs under ``torch.utils.flop_counter.FlopCounterMode``
-(forward and backward), and every later such step adds the same count. A technique that changes the input size
+Used by ``lightning-speedups compare`` and the benchmarks. FLOPs are *counted*, not estimated: the first two
+training steps of each distinct batch shape and kind of step run under ``torch.utils.flop_counter.FlopCounterMode``
+(forward and backward), and every later such step adds the same count; if those two differ (a model that trims its
+padded input to the batch's longest sequence), every step of that shape is counted (:attr:`TrainingMeter.varying`).
+Modules with trainable parameters whose forward it counts nothing for (``nn.LSTM`` on CPU) are named in
+:attr:`TrainingMeter.uncounted`: the total leaves them out. A technique that changes the input size
 (progressive resizing) therefore gets its FLOPs right at every size it trains at; a step's kind is whether it runs
 a backward pass (not in ``StochasticWeightAveraging``'s BatchNorm epoch) and which parameters train (a backbone
 frozen, then unfrozen, by ``BackboneFinetuning``), read once per epoch, at its first batch (freezing mid-epoch is
@@ -92,16 +95,63 @@ _not_ours_last: dict[int, float] = {}
 _not_ours_finished = 0.0
 
 
-def _shape_key(batch: Any) -> tuple:
+def _shape_key(batch: Any, depth: int = 0) -> tuple:
     if isinstance(batch, torch.Tensor):
         return (tuple(batch.shape), str(batch.dtype))
+    if depth >= 4:  # a batch object that holds its dataset, or itself: its tensors are near the top
+        return (type(batch).__name__,)
     if isinstance(batch, dict):
-        return tuple((k, _shape_key(v)) for k, v in batch.items())
+        return tuple((k, _shape_key(v, depth + 1)) for k, v in batch.items())
     if isinstance(batch, list | tuple):
-        return tuple(_shape_key(v) for v in batch)
+        return tuple(_shape_key(v, depth + 1) for v in batch)
     if hasattr(batch, "__dict__"):
-        return _shape_key(vars(batch))
+        return _shape_key(vars(batch), depth + 1)
     return (type(batch).__name__,)
+
+
+#: Modules with parameters whose forward the FLOP counter counts nothing for by design (lookups, normalisation and
+#: elementwise ops are not among the matrix products and convolutions it counts): not reported as uncounted.
+_NO_MATMUL = (
+    torch.nn.Embedding,
+    torch.nn.EmbeddingBag,
+    torch.nn.modules.batchnorm._NormBase,
+    torch.nn.LayerNorm,
+    torch.nn.GroupNorm,
+    torch.nn.PReLU,
+    *((torch.nn.RMSNorm,) if hasattr(torch.nn, "RMSNorm") else ()),
+)
+
+
+class _ForwardFlops:
+    """During one counted step: the FLOPs counted inside each parameter-holding leaf module's forward."""
+
+    def __init__(self, module: torch.nn.Module, mode: FlopCounterMode) -> None:
+        self.mode, self.counted, self.handles = mode, {}, []
+        for name, leaf in module.named_modules():
+            trains = any(p.requires_grad for p in leaf.parameters(recurse=False))
+            if not trains or next(leaf.children(), None) is not None or isinstance(leaf, _NO_MATMUL):
+                continue
+            self.handles.append(leaf.register_forward_pre_hook(self._before(name, leaf)))
+            self.handles.append(leaf.register_forward_hook(self._after(name)))
+
+    def _before(self, name: str, leaf: torch.nn.Module) -> Any:
+        def hook(*_: Any) -> None:
+            self.counted.setdefault(name, [type(leaf).__name__, 0.0])
+            self.counted[name][1] -= self.mode.get_total_flops()
+
+        return hook
+
+    def _after(self, name: str) -> Any:
+        def hook(*_: Any) -> None:
+            self.counted[name][1] += self.mode.get_total_flops()
+
+        return hook
+
+    def close(self) -> dict[str, str]:
+        """Remove the hooks; the modules that ran with nothing counted, by name, with their type."""
+        for handle in self.handles:
+            handle.remove()
+        return {name: kind for name, (kind, flops) in self.counted.items() if flops <= 0}
 
 
 def _step_kind(trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[bool, int]:
@@ -132,14 +182,20 @@ class TrainingMeter(Callback):
         self.history: list[Checkpoint] = []
         self.flops = 0.0
         self.flops_per_shape: dict[tuple, float] = {}
+        #: batch shapes (and kinds of step) whose FLOPs differed between their first two steps: counted at each step
+        self.varying: set[tuple] = set()
+        #: parameter-holding modules (name: type) that ran in a counted step with no FLOPs counted (``nn.LSTM``)
+        self.uncounted: dict[str, str] = {}
+        self._checked: set[tuple] = set()  # keys whose second step was counted too
         self._t0 = 0.0
         self._c0 = 0.0
-        self._counting: tuple[tuple, FlopCounterMode] | None = None
+        self._counting: tuple[tuple, FlopCounterMode, _ForwardFlops] | None = None
         self._kind: tuple[bool, int] | None = None  # this epoch's kind of step (`_step_kind`)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":  # before a checkpoint's state is restored
             self.history, self.flops, self.flops_per_shape = [], 0.0, {}
+            self.varying, self.uncounted, self._checked = set(), {}, set()
             self.validations, self._missing, self._kind = 0, None, None
             # The clocks start here, not at `on_fit_start`: Lightning runs `BatchSizeFinder` (moved to the front of
             # the callbacks) in its `on_fit_start`, and its trial steps are part of the recipe's cost.
@@ -157,27 +213,35 @@ class TrainingMeter(Callback):
         if self._kind is None:  # read at an epoch's first batch, after every callback's epoch-start hook
             self._kind = _step_kind(trainer, pl_module)
         key = (_shape_key(batch), *self._kind)
-        if key in self.flops_per_shape:
+        if key in self._checked and key not in self.varying:
             self.flops += self.flops_per_shape[key] * trainer.world_size
             return
         mode = FlopCounterMode(display=False)
         mode.__enter__()
-        self._counting = (key, mode)
+        self._counting = (key, mode, _ForwardFlops(pl_module, mode))
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
         if self._counting is None:
             return
-        key, mode = self._counting
-        self._stop_counting()
-        self.flops_per_shape[key] = float(mode.get_total_flops())
-        self.flops += self.flops_per_shape[key] * trainer.world_size
+        key, mode, _ = self._counting
+        self.uncounted.update(self._stop_counting())
+        flops = float(mode.get_total_flops())
+        if key in self.flops_per_shape:  # its second step (or every step, for a varying key)
+            self._checked.add(key)
+            if flops != self.flops_per_shape[key]:
+                self.varying.add(key)
+        self.flops_per_shape.setdefault(key, flops)
+        self.flops += flops * trainer.world_size
 
-    def _stop_counting(self) -> None:
-        if self._counting is not None:
-            self._counting[1].__exit__(None, None, None)
-            self._counting = None
+    def _stop_counting(self) -> dict[str, str]:
+        if self._counting is None:
+            return {}
+        _, mode, forward_flops = self._counting
+        self._counting = None
+        mode.__exit__(None, None, None)
+        return forward_flops.close()
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._stop_counting()

@@ -268,6 +268,36 @@ def test_a_module_in_the_current_folder_is_found(tmp_path, monkeypatch):
     sys.modules.pop("my_speedup_models", None)
 
 
+def test_a_class_that_cannot_be_built_says_where_or_which_flag_passes_its_arguments(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_init_models.py").write_text(
+        "import torch\n"
+        "from lightning_speedups.demo import DigitsDataModule, ImageClassifier\n"
+        "class NeedsWidth(ImageClassifier):\n"
+        "    def __init__(self, width):\n"
+        "        super().__init__()\n"
+        "class BadInit(DigitsDataModule):\n"
+        "    def __init__(self):\n"
+        "        torch.tensor([0.5]) + '0.5'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    base = ["compare", "--callback", "MixUp", "--no-progress", "--output", str(tmp_path / "o")]
+    dm = ["--datamodule", "lightning_speedups.demo:DigitsDataModule"]
+    assert main([*base, "--model", "my_init_models:NeedsWidth", *dm]) == 2
+    err = capsys.readouterr().err
+    assert "Could not build the model NeedsWidth(): " in err and "--model-args '{\"name\": value}'" in err
+    model = ["--model", "lightning_speedups.demo:ImageClassifier"]
+    assert main([*base, *model, "--datamodule", "my_init_models:BadInit"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(
+        r"Could not build the datamodule BadInit\(\): .*\(raised at .*my_init_models.py:8, in __init__\)", err
+    )
+    assert "--datamodule-args" not in err  # the user's own bug, not a missing argument
+    # a file name, not an import path, whatever follows it
+    assert main([*base, "--model", "my_init_models.py", *dm]) == 2
+    assert "is a file path; give the module's import path" in capsys.readouterr().err
+    sys.modules.pop("my_init_models", None)
+
+
 def test_parse_callback():
     cb = parse_callback("MixUp:alpha=0.4,p=0.5,end=0.9")
     assert (cb.alpha, cb.p, cb.end) == (0.4, 0.5, 0.9)
@@ -820,6 +850,24 @@ def test_a_model_whose_flops_are_not_counted_is_said_so_not_called_flop_neutral(
         text = format_report(Report(config=config, recipe="recipe", target=0.9, summaries=summaries, runs=runs))
         assert ("**No FLOPs counted**" in text) is uncounted
         assert ("training FLOPs are not below the baseline's" in text) is not uncounted
+
+
+def test_modules_whose_flops_are_not_counted_and_data_dependent_flops_are_said_in_the_report():
+    from lightning_speedups.compare import Report, RunResult, _summarise, format_report
+
+    def run(arm, **kwargs):
+        return RunResult(
+            arm, 0, [Checkpoint(step=8, epoch=1, wall=2.0, cpu=2.0, flops=8e9, metric=0.9)], 8e9, 8, **kwargs
+        )
+
+    config = asdict(CompareConfig(repeats=1, output=None))
+    for flagged in (False, True):
+        extra = {"uncounted": {"rnn": "LSTM"}, "flops_vary": True} if flagged else {}
+        runs = [run("baseline", **extra), run("recipe")]
+        summaries = [_summarise(arm, [r for r in runs if r.arm == arm], 0.9) for arm in ("baseline", "recipe")]
+        text = format_report(Report(config=config, recipe="recipe", target=0.9, summaries=summaries, runs=runs))
+        assert ("**FLOPs undercounted**: `torch.utils.flop_counter` counts nothing for `rnn` (LSTM)" in text) is flagged
+        assert ("FLOPs per step varied within one batch shape" in text) is flagged
 
 
 PERCENT = """

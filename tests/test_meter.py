@@ -76,6 +76,56 @@ def test_steps_of_one_shape_but_another_cost_are_counted_at_their_own_cost():
     assert meter.flops == 2 * 32 * (2 * 2 * 10 * 4) + 32 * (2 * 10 * 4)
 
 
+class Trimming(Linear):
+    """Padded inputs (one shape) trimmed to the rows that hold data: the FLOPs depend on the data."""
+
+    def forward(self, x):
+        rows = int((x.abs().sum(1) > 0).sum())
+        return self.net(x[:rows])
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        rows = int((x.abs().sum(1) > 0).sum())
+        return nn.functional.cross_entropy(self(x), y[:rows])
+
+
+def test_steps_whose_flops_depend_on_the_data_are_each_counted():
+    x = torch.randn(48, 10)
+    x[4:16] = 0  # the first batch has 4 rows of data, the second and third 16
+    loader = DataLoader(TensorDataset(x, torch.randint(0, 4, (48,))), batch_size=16)
+    meter = TrainingMeter("val_acc")
+    trainer(callbacks=[meter], max_epochs=1).fit(Trimming(), loader, data(16))
+    per_sample = 2 * 10 * 4 * 2
+    assert meter.varying and meter.flops == (4 + 16 + 16) * per_sample  # the first count reused gave 12 rows
+    # a shape whose first two steps agree is counted twice, then reused
+    meter = TrainingMeter("val_acc")
+    trainer(callbacks=[meter], max_epochs=2).fit(Linear(), data(48), data(16))
+    assert not meter.varying and meter.flops == 2 * 48 * per_sample
+
+
+class Recurrent(Linear):
+    def __init__(self):
+        super().__init__()
+        self.rnn, self.norm = nn.LSTM(10, 10, batch_first=True), nn.LayerNorm(10)
+
+    def forward(self, x):
+        return self.net(self.norm(self.rnn(x[:, None])[0][:, -1]))
+
+
+def test_modules_the_counter_counts_nothing_for_are_named():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as mode:  # the LSTM's fused op on CPU: counted by this torch or not
+        nn.LSTM(10, 10)(torch.randn(1, 4, 10))
+    meter = TrainingMeter("val_acc")
+    trainer(callbacks=[meter], max_steps=2).fit(Recurrent(), data(32), data(16))
+    # never the LayerNorm (no matrix product in it) nor the counted head
+    assert meter.uncounted == ({} if mode.get_total_flops() else {"rnn": "LSTM"})
+    meter = TrainingMeter("val_acc")
+    trainer(callbacks=[meter], max_steps=2).fit(Linear(), data(32), data(16))
+    assert meter.uncounted == {}
+
+
 def test_a_metric_that_was_not_logged_is_named():
     with pytest.raises(MissingMetricError, match=r"'val_accuracy' was not logged.*val_acc"):
         trainer(callbacks=[TrainingMeter("val_accuracy")], max_epochs=1).fit(Linear(), data(16), data(16))
