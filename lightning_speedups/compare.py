@@ -1023,7 +1023,8 @@ def format_report(report: Report) -> str:
         lines += [
             "",
             "FLOPs per step varied within one batch shape (the model's compute depends on the data, e.g. trimming "
-            "padding): those steps were each counted, which slows them a little.",
+            "padding): for such shapes every 8th step was counted and the steps between took the latest count, so "
+            "the FLOPs are estimates there; a counted step runs slower (a third or more), within the times shown.",
         ]
     if recipe is not None and budget is None and cfg.get("budget_baseline", True) and not uncounted:
         lines += [

@@ -3,7 +3,8 @@
 Used by ``lightning-speedups compare`` and the benchmarks. FLOPs are *counted*, not estimated: the first two
 training steps of each distinct batch shape and kind of step run under ``torch.utils.flop_counter.FlopCounterMode``
 (forward and backward), and every later such step adds the same count; if those two differ (a model that trims its
-padded input to the batch's longest sequence), every step of that shape is counted (:attr:`TrainingMeter.varying`).
+padded input to the batch's longest sequence: :attr:`TrainingMeter.varying`), every 8th step of that shape is
+counted and the steps between add the latest count, an estimate.
 Modules with trainable parameters whose forward it counts nothing for (``nn.LSTM`` on CPU) are named in
 :attr:`TrainingMeter.uncounted`: the total leaves them out. A technique that changes the input size
 (progressive resizing) therefore gets its FLOPs right at every size it trains at; a step's kind is whether it runs
@@ -95,55 +96,65 @@ _not_ours_last: dict[int, float] = {}
 _not_ours_finished = 0.0
 
 
-def _shape_key(batch: Any, depth: int = 0) -> tuple:
+def _shape_key(batch: Any, _path: frozenset[int] = frozenset()) -> tuple:
     if isinstance(batch, torch.Tensor):
         return (tuple(batch.shape), str(batch.dtype))
-    if depth >= 4:  # a batch object that holds its dataset, or itself: its tensors are near the top
-        return (type(batch).__name__,)
+    if id(batch) in _path:  # a batch object that refers back to itself (or to a container holding it)
+        return ("cycle",)
+    inner = _path | {id(batch)}
     if isinstance(batch, dict):
-        return tuple((k, _shape_key(v, depth + 1)) for k, v in batch.items())
+        return tuple((k, _shape_key(v, inner)) for k, v in batch.items())
     if isinstance(batch, list | tuple):
-        return tuple(_shape_key(v, depth + 1) for v in batch)
+        return tuple(_shape_key(v, inner) for v in batch)
     if hasattr(batch, "__dict__"):
-        return _shape_key(vars(batch), depth + 1)
+        return _shape_key(vars(batch), inner)
     return (type(batch).__name__,)
 
 
-#: Modules with parameters whose forward the FLOP counter counts nothing for by design (lookups, normalisation and
-#: elementwise ops are not among the matrix products and convolutions it counts): not reported as uncounted.
-_NO_MATMUL = (
-    torch.nn.Embedding,
-    torch.nn.EmbeddingBag,
-    torch.nn.modules.batchnorm._NormBase,
-    torch.nn.LayerNorm,
-    torch.nn.GroupNorm,
-    torch.nn.PReLU,
-    *((torch.nn.RMSNorm,) if hasattr(torch.nn, "RMSNorm") else ()),
-)
+def _matmul_weight(leaf: torch.nn.Module) -> bool:
+    """Whether a leaf module's forward should count FLOPs: an RNN (``nn.LSTM``'s fused op on CPU counts nothing),
+    or a trainable ``weight`` of 2 dims or more, the convention of matrix products and convolutions. Not the
+    elementwise parameters the counter skips by design (norm and LayerScale gains, positional embeddings), nor
+    lookups (``nn.Embedding``), nor script modules (which take no hooks)."""
+    if isinstance(leaf, torch.jit.ScriptModule | torch.nn.Embedding | torch.nn.EmbeddingBag):
+        return False
+    if isinstance(leaf, torch.nn.RNNBase):
+        return True
+    weight = leaf._parameters.get("weight")
+    return weight is not None and weight.requires_grad and weight.dim() >= 2
 
 
 class _ForwardFlops:
-    """During one counted step: the FLOPs counted inside each parameter-holding leaf module's forward."""
+    """During one counted step: the FLOPs counted inside the forward of each leaf module that should count some
+    (:func:`_matmul_weight`), called on a non-empty input (an expert of a mixture given no tokens counts none)."""
 
     def __init__(self, module: torch.nn.Module, mode: FlopCounterMode) -> None:
         self.mode, self.counted, self.handles = mode, {}, []
-        for name, leaf in module.named_modules():
-            trains = any(p.requires_grad for p in leaf.parameters(recurse=False))
-            if not trains or next(leaf.children(), None) is not None or isinstance(leaf, _NO_MATMUL):
-                continue
-            self.handles.append(leaf.register_forward_pre_hook(self._before(name, leaf)))
-            self.handles.append(leaf.register_forward_hook(self._after(name)))
+        try:
+            for name, leaf in module.named_modules():
+                if next(leaf.children(), None) is None and _matmul_weight(leaf):
+                    self.handles.append(leaf.register_forward_pre_hook(self._before(name, leaf)))
+                    self.handles.append(leaf.register_forward_hook(self._after(name)))
+        except Exception:  # a module that refuses hooks: name nothing rather than stop the run
+            self.close()
+            self.handles = []
 
     def _before(self, name: str, leaf: torch.nn.Module) -> Any:
-        def hook(*_: Any) -> None:
-            self.counted.setdefault(name, [type(leaf).__name__, 0.0])
-            self.counted[name][1] -= self.mode.get_total_flops()
+        def hook(_: Any, args: Any) -> None:
+            if any(isinstance(a, torch.Tensor) and a.numel() == 0 for a in args):
+                return
+            entry = self.counted.setdefault(name, [type(leaf).__name__, 0.0, 0])
+            entry[1] -= self.mode.get_total_flops()
+            entry[2] += 1  # calls open
 
         return hook
 
     def _after(self, name: str) -> Any:
         def hook(*_: Any) -> None:
-            self.counted[name][1] += self.mode.get_total_flops()
+            entry = self.counted.get(name)
+            if entry is not None and entry[2] > 0:
+                entry[1] += self.mode.get_total_flops()
+                entry[2] -= 1
 
         return hook
 
@@ -151,7 +162,7 @@ class _ForwardFlops:
         """Remove the hooks; the modules that ran with nothing counted, by name, with their type."""
         for handle in self.handles:
             handle.remove()
-        return {name: kind for name, (kind, flops) in self.counted.items() if flops <= 0}
+        return {name: kind for name, (kind, flops, _) in self.counted.items() if flops <= 0}
 
 
 def _step_kind(trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[bool, int]:
@@ -174,6 +185,9 @@ class TrainingMeter(Callback):
     whole run.
     """
 
+    #: a batch shape whose FLOPs vary with the data is counted at every this many steps
+    VARYING_EVERY = 8
+
     def __init__(self, metric: str = "val_acc", *, require_metric: bool = True) -> None:
         self.metric = metric
         self.require_metric = require_metric
@@ -187,6 +201,7 @@ class TrainingMeter(Callback):
         #: parameter-holding modules (name: type) that ran in a counted step with no FLOPs counted (``nn.LSTM``)
         self.uncounted: dict[str, str] = {}
         self._checked: set[tuple] = set()  # keys whose second step was counted too
+        self._since: dict[tuple, int] = {}  # varying keys: steps since the last counted one
         self._t0 = 0.0
         self._c0 = 0.0
         self._counting: tuple[tuple, FlopCounterMode, _ForwardFlops] | None = None
@@ -195,7 +210,7 @@ class TrainingMeter(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":  # before a checkpoint's state is restored
             self.history, self.flops, self.flops_per_shape = [], 0.0, {}
-            self.varying, self.uncounted, self._checked = set(), {}, set()
+            self.varying, self.uncounted, self._checked, self._since = set(), {}, set(), {}
             self.validations, self._missing, self._kind = 0, None, None
             # The clocks start here, not at `on_fit_start`: Lightning runs `BatchSizeFinder` (moved to the front of
             # the callbacks) in its `on_fit_start`, and its trial steps are part of the recipe's cost.
@@ -213,12 +228,21 @@ class TrainingMeter(Callback):
         if self._kind is None:  # read at an epoch's first batch, after every callback's epoch-start hook
             self._kind = _step_kind(trainer, pl_module)
         key = (_shape_key(batch), *self._kind)
-        if key in self._checked and key not in self.varying:
-            self.flops += self.flops_per_shape[key] * trainer.world_size
-            return
+        if key in self._checked:
+            if key not in self.varying:
+                self.flops += self.flops_per_shape[key] * trainer.world_size
+                return
+            # FLOPs that vary with the data: every `VARYING_EVERY`-th step is counted, the steps between add the
+            # latest count (counting slows a step by a third or more: every step would weigh on the times)
+            self._since[key] += 1
+            if self._since[key] < self.VARYING_EVERY:
+                self.flops += self.flops_per_shape[key] * trainer.world_size
+                return
+            self._since[key] = 0
         mode = FlopCounterMode(display=False)
+        forward_flops = _ForwardFlops(pl_module, mode)  # hooks first: nothing to undo if they fail
         mode.__enter__()
-        self._counting = (key, mode, _ForwardFlops(pl_module, mode))
+        self._counting = (key, mode, forward_flops)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, idx: int
@@ -228,11 +252,13 @@ class TrainingMeter(Callback):
         key, mode, _ = self._counting
         self.uncounted.update(self._stop_counting())
         flops = float(mode.get_total_flops())
-        if key in self.flops_per_shape:  # its second step (or every step, for a varying key)
+        if key in self.flops_per_shape and key not in self._checked:  # its second step
             self._checked.add(key)
             if flops != self.flops_per_shape[key]:
                 self.varying.add(key)
-        self.flops_per_shape.setdefault(key, flops)
+                self._since[key] = 0
+        if key not in self._checked or key in self.varying:  # a varying key: its latest count
+            self.flops_per_shape[key] = flops
         self.flops += flops * trainer.world_size
 
     def _stop_counting(self) -> dict[str, str]:

@@ -89,7 +89,7 @@ class Trimming(Linear):
         return nn.functional.cross_entropy(self(x), y[:rows])
 
 
-def test_steps_whose_flops_depend_on_the_data_are_each_counted():
+def test_steps_whose_flops_depend_on_the_data_are_counted_every_eighth_step():
     x = torch.randn(48, 10)
     x[4:16] = 0  # the first batch has 4 rows of data, the second and third 16
     loader = DataLoader(TensorDataset(x, torch.randint(0, 4, (48,))), batch_size=16)
@@ -97,19 +97,40 @@ def test_steps_whose_flops_depend_on_the_data_are_each_counted():
     trainer(callbacks=[meter], max_epochs=1).fit(Trimming(), loader, data(16))
     per_sample = 2 * 10 * 4 * 2
     assert meter.varying and meter.flops == (4 + 16 + 16) * per_sample  # the first count reused gave 12 rows
+    # the count of a varying shape is sampled: every 8th step after its second, the steps between add the latest
+    x = torch.randn(20 * 16, 10)
+    for i in range(20):  # batch i holds i % 4 + 1 rows of data: 1, 2, 3, 4, 1, ...
+        x[i * 16 + i % 4 + 1 : (i + 1) * 16] = 0
+    loader = DataLoader(TensorDataset(x, torch.randint(0, 4, (20 * 16,))), batch_size=16)
+    meter = TrainingMeter("val_acc")
+    trainer(callbacks=[meter], max_epochs=1).fit(Trimming(), loader, data(16))
+    # counted: steps 0, 1, 9 and 17 (rows 1, 2, 2, 2); each step between adds the 2 rows of the latest count
+    assert meter.flops == (1 + 19 * 2) * per_sample  # every step counted: 50 rows
     # a shape whose first two steps agree is counted twice, then reused
     meter = TrainingMeter("val_acc")
     trainer(callbacks=[meter], max_epochs=2).fit(Linear(), data(48), data(16))
     assert not meter.varying and meter.flops == 2 * 48 * per_sample
 
 
+class Scale(nn.Module):
+    """A LayerScale-style gain: a parameter in an elementwise product, which the counter skips by design."""
+
+    def __init__(self):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.ones(10))
+
+    def forward(self, x):
+        return x * self.gamma
+
+
 class Recurrent(Linear):
     def __init__(self):
         super().__init__()
-        self.rnn, self.norm = nn.LSTM(10, 10, batch_first=True), nn.LayerNorm(10)
+        self.rnn, self.norm, self.scale = nn.LSTM(10, 10, batch_first=True), nn.LayerNorm(10), Scale()
+        self.scripted = torch.jit.script(nn.Linear(10, 10))  # takes no hooks
 
     def forward(self, x):
-        return self.net(self.norm(self.rnn(x[:, None])[0][:, -1]))
+        return self.net(self.scripted(self.scale(self.norm(self.rnn(x[:, None])[0][:, -1]))))
 
 
 def test_modules_the_counter_counts_nothing_for_are_named():
@@ -119,7 +140,7 @@ def test_modules_the_counter_counts_nothing_for_are_named():
         nn.LSTM(10, 10)(torch.randn(1, 4, 10))
     meter = TrainingMeter("val_acc")
     trainer(callbacks=[meter], max_steps=2).fit(Recurrent(), data(32), data(16))
-    # never the LayerNorm (no matrix product in it) nor the counted head
+    # never the LayerNorm and the gain (elementwise: nothing to count), nor the counted head and scripted layer
     assert meter.uncounted == ({} if mode.get_total_flops() else {"rnn": "LSTM"})
     meter = TrainingMeter("val_acc")
     trainer(callbacks=[meter], max_steps=2).fit(Linear(), data(32), data(16))
@@ -248,3 +269,22 @@ def test_cpu_seconds_keeps_a_forkserver_workers_time_after_it_exits():
     after = cpu_seconds()
     assert while_alive - before >= 0.25
     assert after >= while_alive - 0.01  # not dropped when it exits
+
+
+def test_the_shape_key_reads_nested_batch_objects_and_survives_a_cycle():
+    from lightning_speedups.meter import _shape_key
+
+    class Inputs:
+        def __init__(self, x):
+            self.x = x
+
+    class Batch:
+        def __init__(self, x):
+            self.inputs, self.y, self.me = Inputs(x), torch.zeros(2), None
+
+    def batch(width):
+        b = Batch(torch.zeros(2, width))
+        b.me = b  # refers back to itself
+        return ({"batch": b}, torch.arange(2))
+
+    assert _shape_key(batch(8)) == _shape_key(batch(8)) != _shape_key(batch(16))  # the shape three objects deep
