@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 from lightning_speedups.seam import updating_batchnorm_only
@@ -96,19 +97,50 @@ _not_ours_last: dict[int, float] = {}
 _not_ours_finished = 0.0
 
 
-def _shape_key(batch: Any, _path: frozenset[int] = frozenset()) -> tuple:
-    if isinstance(batch, torch.Tensor):
-        return (tuple(batch.shape), str(batch.dtype))
-    if id(batch) in _path:  # a batch object that refers back to itself (or to a container holding it)
-        return ("cycle",)
-    inner = _path | {id(batch)}
-    if isinstance(batch, dict):
-        return tuple((k, _shape_key(v, inner)) for k, v in batch.items())
-    if isinstance(batch, list | tuple):
-        return tuple(_shape_key(v, inner) for v in batch)
-    if hasattr(batch, "__dict__"):
-        return _shape_key(vars(batch), inner)
-    return (type(batch).__name__,)
+def _shape_key(batch: Any) -> tuple:
+    """The shapes and dtypes of a batch's tensors, through containers and plain objects: a few levels deep (an
+    object's attribute dict is one level with it) and a bounded number of items, so that a batch object holding
+    its dataset is not walked whole at each step."""
+    budget = [_SHAPE_KEY_ITEMS]
+
+    def walk(obj: Any, depth: int, path: frozenset[int]) -> tuple:
+        budget[0] -= 1
+        if isinstance(obj, torch.Tensor):
+            return (tuple(obj.shape), str(obj.dtype))
+        if depth >= 8 or budget[0] <= 0 or id(obj) in path:  # too deep or too big, or refers back to itself
+            return (type(obj).__name__,)
+        inner = path | {id(obj)}
+        if isinstance(obj, dict | list | tuple):
+            items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+            out = []
+            for k, v in items:
+                if budget[0] <= 0:  # the rest unread: only how many there are
+                    return (type(obj).__name__, len(obj), *out)
+                out.append((k, walk(v, depth + 1, inner)) if isinstance(obj, dict) else walk(v, depth + 1, inner))
+            return tuple(out)
+        if hasattr(obj, "__dict__"):
+            return walk(vars(obj), depth, inner)
+        return (type(obj).__name__,)
+
+    return walk(batch, 0, frozenset())
+
+
+#: how many items (tensors, containers, objects) of a batch its shape key reads at most
+_SHAPE_KEY_ITEMS = 2048
+
+
+#: Modules with parameters that count no FLOPs by design: lookups, normalisation (its gains may have 2 dimensions,
+#: `nn.LayerNorm([C, H])`), and script modules (which take no hooks).
+_NO_MATMUL = (
+    torch.jit.ScriptModule,
+    torch.nn.Embedding,
+    torch.nn.EmbeddingBag,
+    torch.nn.modules.batchnorm._NormBase,
+    torch.nn.LayerNorm,
+    torch.nn.GroupNorm,
+    torch.nn.LocalResponseNorm,
+    *((torch.nn.RMSNorm,) if hasattr(torch.nn, "RMSNorm") else ()),
+)
 
 
 def _matmul_weight(leaf: torch.nn.Module) -> bool:
@@ -116,7 +148,7 @@ def _matmul_weight(leaf: torch.nn.Module) -> bool:
     or a trainable ``weight`` of 2 dims or more, the convention of matrix products and convolutions. Not the
     elementwise parameters the counter skips by design (norm and LayerScale gains, positional embeddings), nor
     lookups (``nn.Embedding``), nor script modules (which take no hooks)."""
-    if isinstance(leaf, torch.jit.ScriptModule | torch.nn.Embedding | torch.nn.EmbeddingBag):
+    if isinstance(leaf, _NO_MATMUL):
         return False
     if isinstance(leaf, torch.nn.RNNBase):
         return True
@@ -133,15 +165,15 @@ class _ForwardFlops:
         try:
             for name, leaf in module.named_modules():
                 if next(leaf.children(), None) is None and _matmul_weight(leaf):
-                    self.handles.append(leaf.register_forward_pre_hook(self._before(name, leaf)))
+                    self.handles.append(leaf.register_forward_pre_hook(self._before(name, leaf), with_kwargs=True))
                     self.handles.append(leaf.register_forward_hook(self._after(name)))
         except Exception:  # a module that refuses hooks: name nothing rather than stop the run
             self.close()
             self.handles = []
 
     def _before(self, name: str, leaf: torch.nn.Module) -> Any:
-        def hook(_: Any, args: Any) -> None:
-            if any(isinstance(a, torch.Tensor) and a.numel() == 0 for a in args):
+        def hook(_: Any, args: Any, kwargs: Any) -> None:
+            if any(isinstance(a, torch.Tensor) and a.numel() == 0 for a in tree_leaves((args, kwargs))):
                 return
             entry = self.counted.setdefault(name, [type(leaf).__name__, 0.0, 0])
             entry[1] -= self.mode.get_total_flops()

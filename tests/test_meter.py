@@ -128,9 +128,13 @@ class Recurrent(Linear):
         super().__init__()
         self.rnn, self.norm, self.scale = nn.LSTM(10, 10, batch_first=True), nn.LayerNorm(10), Scale()
         self.scripted = torch.jit.script(nn.Linear(10, 10))  # takes no hooks
+        self.norm2d = nn.LayerNorm([1, 10])  # a 2-D gain, elementwise still
+        self.expert = nn.Linear(10, 10)  # given no tokens: nothing to count
 
     def forward(self, x):
-        return self.net(self.scripted(self.scale(self.norm(self.rnn(x[:, None])[0][:, -1]))))
+        h = self.scripted(self.scale(self.norm(self.rnn(x[:, None])[0][:, -1])))
+        self.expert(input=x[:0])
+        return self.net(self.norm2d(h[:, None])[:, 0])
 
 
 def test_modules_the_counter_counts_nothing_for_are_named():
@@ -288,3 +292,8 @@ def test_the_shape_key_reads_nested_batch_objects_and_survives_a_cycle():
         return ({"batch": b}, torch.arange(2))
 
     assert _shape_key(batch(8)) == _shape_key(batch(8)) != _shape_key(batch(16))  # the shape three objects deep
+    # a batch object that holds its dataset is read up to a bound, not whole at every step
+    holder = Inputs(torch.zeros(2, 8))
+    holder.dataset = [{"i": i} for i in range(100_000)]
+    key = _shape_key(holder)
+    assert len(str(key)) < 100_000 and key[0] == ("x", ((2, 8), "torch.float32"))
