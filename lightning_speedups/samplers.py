@@ -180,8 +180,9 @@ class SamplingPlan:
         """The fraction of the data a curriculum makes available at optimizer ``step`` (1 without one)."""
         if self.curriculum is None:
             return 1.0
-        total = self.clock.total_steps if self.clock is not None else math.inf
-        return float(self.curriculum.pacing.fraction([step], total)[0])
+        if self.clock is None:
+            return float(self.curriculum.pacing.fraction([step], math.inf)[0])
+        return float(self.clock.pool_fractions(self.curriculum.pacing, [step])[0])
 
 
 class EpochListSampler(DistributedSampler):
@@ -302,6 +303,12 @@ def build_train_sampler(
             f"Several callbacks supply the training sampler ({names}); keep one, or only ones that compose "
             "(RepeatFactorSampling with CurriculumOrdering)."
         )
+    # the pacing clock of the loader this one replaces (a reload), whose progress the new one keeps
+    # (or, in a resumed run, the checkpoint's)
+    old_plans = [getattr(p, "_plan", None) for p in providers]
+    previous = next((old.clock for old in old_plans if old is not None and old.clock is not None), None)
+    if previous is None:
+        previous = next((c for c in (getattr(p, "restored_clock", None) for p in providers) if c is not None), None)
     plan = SamplingPlan(num_samples=len(dataset), seed=int(seed))  # type: ignore[arg-type]
     for provider in providers:
         provider.contribute_to_plan(plan, datamodule, dataset, seed=int(seed))
@@ -318,6 +325,7 @@ def build_train_sampler(
         num_replicas,
         drop_last=drop_last,
         restored_anchor=restored,
+        previous=previous,
     )
     return sampler
 
@@ -329,7 +337,8 @@ def step_clock(
     num_replicas: int,
     *,
     drop_last: bool = False,
-    restored_anchor: tuple[int, int] | None = None,
+    restored_anchor: tuple[int, ...] | None = None,
+    previous: fs.StepClock | None = None,
 ) -> fs.StepClock:
     """The :class:`~lightning_speedups.functional.sampling.StepClock` of a loader in ``trainer``'s run.
 
@@ -338,7 +347,8 @@ def step_clock(
     ``accumulate_grad_batches``, and the run's length from ``max_epochs`` and ``max_steps``. A loader built
     between epochs (``reload_dataloaders_every_n_epochs``, or a run resumed at an epoch's end) is anchored at the
     steps the run has taken: its earlier epochs may have had another length (another batch size, a resized
-    dataset). A run resumed mid-epoch takes the anchor its checkpoint kept (``restored_anchor``).
+    dataset), and the progress the ``previous`` loader's clock had reached there stands (a pace never goes back).
+    A run resumed mid-epoch takes the anchor its checkpoint kept (``restored_anchor``: epoch, step and progress).
     """
     batches = samples_per_rank // batch_size if drop_last else -(-samples_per_rank // batch_size)
     if trainer is None:
@@ -354,12 +364,22 @@ def step_clock(
     # far, exactly; mid-epoch (a resumed run) at what the checkpoint kept. A loader built before anything trained
     # (a fresh run, or one built before the checkpoint's loops are restored) takes the checkpoint's too, if any.
     progress, clock = trainer.fit_loop.epoch_progress.current, _clock(trainer)
-    anchor = (0, 0)
+    anchor, reached = (0, 0), 0.0
     if clock > 0 and progress.started == progress.processed:
         anchor = (int(progress.processed), clock)
+        before = previous.progress([clock]) if previous is not None else None
+        reached = float(before[0]) if before is not None else 0.0
     elif restored_anchor is not None:
         anchor = (int(restored_anchor[0]), int(restored_anchor[1]))
-    clock = fs.StepClock(batch_size * num_replicas, batches, accumulate, accumulate_from=schedule, anchor=anchor)
+        reached = float(restored_anchor[2]) if len(restored_anchor) > 2 else 0.0
+    clock = fs.StepClock(
+        batch_size * num_replicas,
+        batches,
+        accumulate,
+        accumulate_from=schedule,
+        anchor=anchor,
+        anchor_progress=min(max(reached, 0.0), 1.0),
+    )
     # max_steps in this clock's unit (batches under manual optimization, see `cap_by_max_steps`): the total the
     # callbacks' own progress uses
     max_epochs = training_epochs(trainer)

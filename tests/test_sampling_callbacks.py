@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from lightning.pytorch import seed_everything
 from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler, LambdaCallback, ModelCheckpoint
 from torch import nn
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from lightning_speedups import (
     CurriculumOrdering,
@@ -219,8 +219,38 @@ def test_pacing_follows_the_real_steps_after_a_reload_with_another_batch_size():
     assert t.global_step == 10 + 20 + 20
     assert clocks == [(0, 0, 30.0), (10, 10, 50.0), (30, 30, 50.0)]  # epoch 0 knew only its own length
     rank = ranks(np.argsort(np.random.default_rng(1).permutation(80).astype(float)))
-    for step, indices in zip(model.steps[10:], model.seen[10:], strict=True):  # epochs 1 and 2: the published pace
-        assert rank[indices].max() < fs.pool_sizes(cur.pacing.fraction([step], 50), 80)[0], step
+    # epochs 1 and 2: the progress reached at the reload (10 of epoch 0's 30 steps) stands, the 40 steps left spread
+    # the rest, so the pool never shrinks (10 / 50 would have taken it from 0.4 back to 0.28 of the data)
+    for step, indices in zip(model.steps[10:], model.seen[10:], strict=True):
+        progress = 1 / 3 + (2 / 3) * (step - 10) / 40
+        assert rank[indices].max() < fs.pool_sizes(cur.pacing.fraction([step], progress=[progress]), 80)[0], step
+    paced = [cur.pacing.fraction([s], progress=[1 / 3 + (2 / 3) * (s - 10) / 40])[0] for s in range(10, 50)]
+    assert paced[0] == pytest.approx(0.4) and np.all(np.diff(paced) > 0)
+
+
+def test_the_pool_never_shrinks_when_a_reload_grows_the_training_set():
+    """64 samples, then 96, then 128 (batch 8): each reload lengthens the run, and the pool fell back at each one
+    (0.733 of the data to 0.6 at step 8), returning samples it had made available to the unseen."""
+    fractions = []
+
+    class Record(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            plan = trainer.train_dataloader.sampler.plan
+            fractions.append(plan.pool_fraction(plan.clock.step_of(batch_idx, trainer.current_epoch)))
+
+    class Grows(IndexDM):
+        def get_train_dataset(self):
+            epoch = self.trainer.fit_loop.epoch_progress.current.processed if self.trainer is not None else 0
+            n = 64 + 32 * epoch
+            self.train_difficulty = np.arange(float(n))
+            return TensorDataset(torch.arange(n, dtype=torch.float32)[:, None], torch.zeros(n, dtype=torch.long))
+
+    cur = CurriculumOrdering("linear", start_fraction=0.2, full_at=0.5)
+    fit([cur, Record()], max_epochs=3, dm=Grows(64), reload_dataloaders_every_n_epochs=1)
+    assert len(fractions) == 8 + 12 + 16
+    assert np.all(np.diff(fractions) >= 0) and fractions[-1] == 1.0
+    # epoch 1 starts where epoch 0's pace left off: 8 of its 24 steps, all the data due at half of them
+    assert fractions[8] == pytest.approx(0.2 + 0.8 * (8 / 24) / 0.5)
 
 
 def test_a_reload_with_other_difficulties_reorders_even_at_the_same_length():

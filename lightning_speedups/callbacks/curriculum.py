@@ -244,7 +244,9 @@ class CurriculumOrdering(SpeedupCallback):
         self._order_inputs: tuple[np.ndarray | None, np.ndarray | None] | None = None
         self._plan: SamplingPlan | None = None
         #: the pacing clock's anchor a resumed run takes from its checkpoint (see ``samplers.step_clock``)
-        self.restored_clock_anchor: tuple[int, int] | None = None
+        self.restored_clock_anchor: tuple[int, ...] | None = None
+        #: the pacing clock of the checkpoint's loader, whose progress a loader built between epochs keeps
+        self.restored_clock: fs.StepClock | None = None
         self._fraction = start
         # (plan, batch index, epoch) of the last batch: its step and fraction are worked out only when the knobs
         # are read (logging), as computing them every step cost more than the rest of the per-step work.
@@ -509,7 +511,7 @@ class CurriculumOrdering(SpeedupCallback):
         datamodule = require_speedup_datamodule(trainer, self._who)
         # A new fit scores the model it starts from; a resumed one gets its saved scores back after setup.
         self.order, self.scores, self._order_inputs, self._restored_scores = None, None, None, None
-        self.restored_clock_anchor = None  # likewise a resumed run's pacing anchor
+        self.restored_clock_anchor = self.restored_clock = None  # likewise a resumed run's pacing anchor and clock
         dataset = datamodule.indexed_train_dataset(self._who)
         if not self.uses_scorer:  # bad scores fail here, before training; a scorer runs at fit start
             self.compute_order(datamodule, dataset, datamodule_seed(datamodule))
@@ -618,13 +620,22 @@ class CurriculumOrdering(SpeedupCallback):
             state["scores"] = torch.from_numpy(np.asarray(self.scores, dtype=np.float32))
         clock = self._plan.clock if self._plan is not None else None
         if clock is not None and clock.anchor != (0, 0):  # set by a reload with another length: a resume needs it
-            state["clock_anchor"] = list(clock.anchor)
+            state["clock_anchor"] = [*clock.anchor, clock.anchor_progress]
+        if clock is not None:  # what a resumed run's loader built between epochs keeps the progress of
+            state["pace_clock"] = [*clock.anchor, clock.anchor_progress, float(clock.total_steps)]
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         anchor = state_dict.get("clock_anchor")
-        self.restored_clock_anchor = (int(anchor[0]), int(anchor[1])) if anchor is not None else None
+        pace = state_dict.get("pace_clock")
+        self.restored_clock = (
+            fs.StepClock(1, 1, total_steps=pace[3], anchor=(int(pace[0]), int(pace[1])), anchor_progress=pace[2])
+            if pace
+            else None
+        )
+        # (epoch, step, progress reached there); checkpoints from before kept no progress
+        self.restored_clock_anchor = (int(anchor[0]), int(anchor[1]), *map(float, anchor[2:3])) if anchor else None
         scores = state_dict.get("scores")
         if scores is not None and self.uses_scorer:
             self.scores = np.asarray(scores.numpy() if hasattr(scores, "numpy") else scores, dtype=np.float32)

@@ -537,8 +537,10 @@ class Pacing:
         """Whether the pace depends on the run's length (every kind but ``fixed_exponential``)."""
         return self.kind != "fixed_exponential"
 
-    def fraction(self, steps: Any, total_steps: float | None = None) -> np.ndarray:
-        """The fraction of the data available at each of ``steps`` (optimizer steps, 0-based)."""
+    def fraction(self, steps: Any, total_steps: float | None = None, *, progress: Any = None) -> np.ndarray:
+        """The fraction of the data available at each of ``steps`` (optimizer steps, 0-based). ``progress``: the
+        fraction of the run done at each step, where it is not ``step / total_steps`` (a loader reloaded with
+        another length: :meth:`StepClock.progress`); the paces over the run's length read it instead."""
         s = np.asarray(steps, dtype=np.float64)
         b = float(self.start)
         if self.kind == "fixed_exponential":
@@ -546,12 +548,15 @@ class Pacing:
             with np.errstate(over="ignore"):
                 f = b * np.power(float(self.growth), exponent)
             return np.clip(f, b, 1.0)
-        if total_steps is None or not math.isfinite(total_steps) or total_steps <= 0:
+        if progress is not None:
+            u = np.maximum(np.asarray(progress, dtype=np.float64), 0.0) / self.full_at
+        elif total_steps is None or not math.isfinite(total_steps) or total_steps <= 0:
             raise ValueError(
                 f"Pacing {self.kind!r} is defined over the run's length, which is unknown here: set `max_epochs` "
                 "or `max_steps` on the Trainer, or use pacing='fixed_exponential'."
             )
-        u = np.maximum(s, 0.0) / (self.full_at * total_steps)
+        else:
+            u = np.maximum(s, 0.0) / (self.full_at * total_steps)
         # the step at which all the data is due (0.07 x 100 = 7.000000000000001: u just below 1 at step 7)
         u = np.where(np.abs(u - 1.0) < 1e-9, 1.0, u)
         if self.kind == "linear":
@@ -593,6 +598,8 @@ class StepClock:
             their epoch on: a ``GradientAccumulationScheduler``'s schedule.
         anchor: ``(epoch, step)``: ``epoch`` starts at ``step``, whatever the epochs before it took (a loader
             rebuilt with another length: its earlier epochs ran at the old one); later epochs count from there.
+        anchor_progress: the fraction of the run done at the anchor's step (by the old length's count), which
+            stands: the steps left spread the rest (:meth:`progress`), so a pace never goes back. 0: none.
 
     Example::
 
@@ -607,6 +614,7 @@ class StepClock:
     total_steps: float = math.inf
     accumulate_from: tuple[tuple[int, int], ...] = ()
     anchor: tuple[int, int] = (0, 0)
+    anchor_progress: float = 0.0
 
     def __post_init__(self) -> None:
         if self.global_batch_size < 1 or self.accumulate < 1 or any(a < 1 for _, a in self.accumulate_from):
@@ -614,6 +622,24 @@ class StepClock:
                 f"StepClock needs `global_batch_size` >= 1 and accumulations >= 1; got global_batch_size="
                 f"{self.global_batch_size}, accumulate={self.accumulate}, accumulate_from={self.accumulate_from}."
             )
+
+    def progress(self, steps: Any) -> np.ndarray | None:
+        """The fraction of the run done at each of ``steps``: ``step / total_steps``, or, after an anchor that
+        kept its progress, that progress plus the share of the steps left; ``None`` for a run of unknown length."""
+        if not math.isfinite(self.total_steps) or self.total_steps <= 0:
+            return None
+        s = np.asarray(steps, dtype=np.float64)
+        step0, p0 = float(self.anchor[1]), self.anchor_progress
+        if p0 <= 0.0:
+            return s / self.total_steps
+        if self.total_steps <= step0:
+            return np.ones_like(s)
+        return p0 + (1.0 - p0) * (s - step0) / (self.total_steps - step0)
+
+    def pool_fractions(self, pacing: Pacing, steps: Any) -> np.ndarray:
+        """``pacing``'s fraction of the data at each of ``steps`` of this clock (its anchor's progress kept)."""
+        progress = self.progress(steps) if self.anchor_progress > 0.0 else None
+        return pacing.fraction(steps, self.total_steps, progress=progress)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -667,7 +693,7 @@ def position_pools(
     """
     gb = max(1, clock.global_batch_size)
     num_batches = -(-length // gb)
-    fractions = pacing.fraction(clock.batch_steps(num_batches, epoch), clock.total_steps)
+    fractions = clock.pool_fractions(pacing, clock.batch_steps(num_batches, epoch))
     return pool_sizes(fractions, num_samples), gb
 
 
