@@ -249,13 +249,27 @@ def test_pooling_gives_the_statistics_of_the_union():
     for net, data in zip(nets, (a, b), strict=True):
         net.running_mean.copy_(data.mean(0))
         net.running_var.copy_(data.var(0, unbiased=False))
-    # a 2-process mean as an all-reduce would compute it on process 0, process 1's tensors being known
-    other = iter([nets[1].running_mean.clone(), nets[1].running_var + nets[1].running_mean ** 2])
+    # a 2-process mean as an all-reduce would compute it on process 0, process 1's tensors being known: its mean,
+    # its variance, and its mean's squared distance to the pooled mean
+    pooled_mean = (a.mean(0) + b.mean(0)).double() / 2
+    mean_b, var_b = nets[1].running_mean.double(), nets[1].running_var.double()
+    other = iter([mean_b, var_b, (mean_b - pooled_mean) ** 2])
     pool_batchnorm_statistics(nets[0], lambda t: (t + next(other)) / 2)
-    pooled_mean = (a.mean(0) + b.mean(0)) / 2
     union = torch.cat([a, b])
-    torch.testing.assert_close(nets[0].running_mean, pooled_mean)
+    torch.testing.assert_close(nets[0].running_mean, pooled_mean.float())
     torch.testing.assert_close(nets[0].running_var, union.var(0, unbiased=False), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pooling_keeps_the_variance_of_a_channel_whose_mean_dwarfs_its_spread(dtype):
+    """E[x**2] - E[x]**2 in float32 cancelled it: mean 100 and variance 0.01 pooled to 0 (one process, so pooling
+    must change nothing), and float64 statistics (`64-true`) came back rounded to float32."""
+    bn = nn.BatchNorm1d(2).to(dtype)
+    bn.running_mean.copy_(torch.tensor([100.0, 30.0], dtype=dtype) + 1e-9)
+    bn.running_var.copy_(torch.tensor([0.01, 0.05], dtype=dtype))
+    before = bn.running_mean.clone(), bn.running_var.clone()
+    pool_batchnorm_statistics(bn, lambda t: t)
+    assert torch.equal(bn.running_mean, before[0]) and torch.equal(bn.running_var, before[1])
 
 
 @pytest.mark.parametrize("momentum", [None, 0.1])

@@ -191,14 +191,17 @@ def pool_batchnorm_statistics(
 
     ``mean_across(t)`` must return the mean of ``t`` over the processes (e.g. a DDP strategy's ``reduce``).
     With equally many samples per process the pooled mean is the mean of the means, and the pooled
-    variance is the mean of ``var + mean**2`` minus the pooled mean squared. ``layers``: those to pool (default:
-    all); every process must pass the same ones. Layers without running statistics are skipped.
+    variance is the mean of the variances plus the mean squared distance of each process's mean to the pooled one
+    (in float64: ``E[x**2] - E[x]**2`` in float32 cancels the variance of a channel whose mean is large next to its
+    spread). ``layers``: those to pool (default: all); every process must pass the same ones. Layers without
+    running statistics are skipped.
     """
     with torch.no_grad():
         for bn in batchnorm_layers(model) if layers is None else [bn for bn in layers if _has_statistics(bn)]:
-            mean = bn.running_mean.detach().clone().float()
-            second = bn.running_var.detach().clone().float() + mean**2
+            wide = torch.float32 if bn.running_mean.device.type == "mps" else torch.float64  # MPS has no float64
+            mean = bn.running_mean.detach().to(wide, copy=True)
             pooled_mean = mean_across(mean)
-            pooled_var = (mean_across(second) - pooled_mean**2).clamp_min(0)
+            spread = (mean - pooled_mean) ** 2
+            pooled_var = mean_across(bn.running_var.detach().to(wide, copy=True)) + mean_across(spread)
             bn.running_mean.copy_(pooled_mean.to(bn.running_mean.dtype))
             bn.running_var.copy_(pooled_var.to(bn.running_var.dtype))
