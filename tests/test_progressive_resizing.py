@@ -631,10 +631,11 @@ def test_logs_scale_and_size():
     assert heights[0] == 8 and heights[15] == 16
     assert logger.history["progressive_resizing/val_height"][0][1] == 8.0
     assert cb.state_dict()["plan"] == {"scale": 1.0, "resolution": None, "size_increment": 4}
-    # logged once per validation at the training size (not the last, at full size), at its step, never with the
-    # training knobs (which would repeat the last validation's size at every step until the next)
-    assert logger.history["progressive_resizing/val_height"] == [(3, 8.0), (7, 12.0), (11, 16.0)]
-    assert len(logger.history["progressive_resizing/val_width"]) == 3
+    # logged once per validation below full size, at its step (not at step 11, where the scale, still below 1,
+    # rounds to the full 16 pixels, nor after), never with the training knobs (which would repeat the last
+    # validation's size at every step until the next)
+    assert logger.history["progressive_resizing/val_height"] == [(3, 8.0), (7, 12.0)]
+    assert len(logger.history["progressive_resizing/val_width"]) == 2
 
 
 def test_validation_loaders_of_other_sizes_log_no_single_validation_size():

@@ -451,6 +451,7 @@ class ProgressiveResizing(SpeedupCallback):
             self._val_size = _SEVERAL
         if size == full:
             return batch
+        self._val_resized = True  # the sizes are logged only for a validation that ran below full size
         target = self.fields.get_target(batch) if self.resize_targets else None
         if self.mode == "crop" and size[0] <= full[0] and size[1] <= full[1]:
             tops = torch.full((x.shape[0],), (full[0] - size[0]) // 2)
@@ -679,7 +680,7 @@ class ProgressiveResizing(SpeedupCallback):
         self._bn_modes_stale = True  # a finetuning schedule may have frozen or unfrozen layers
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._val_size = None
+        self._val_size, self._val_resized = None, False
         if not self._recalibrates:
             return
         if trainer.sanity_checking or trainer.state.fn != "fit" or self._plan is None:
@@ -819,12 +820,18 @@ class ProgressiveResizing(SpeedupCallback):
                     "brought to the training scale: val_height and val_width, which would name one size, are not "
                     "logged."
                 )
-        elif self._val_size is not None and self.log_knobs and trainer.loggers and not trainer.sanity_checking:
+        elif (
+            self._val_size is not None
+            and self.__dict__.get("_val_resized")
+            and self.log_knobs
+            and trainer.loggers
+            and not trainer.sanity_checking
+        ):
             # with the metrics just logged, which were taken at this size; not with the training knobs, where it
             # would be the last validation's size at every step until the next
             height, width = self._val_size
             self.log_now(trainer, {"val_height": float(height), "val_width": float(width)})
-        self._val_size = None
+        self._val_size, self._val_resized = None, False
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
