@@ -304,11 +304,11 @@ def build_train_sampler(
             "(RepeatFactorSampling with CurriculumOrdering)."
         )
     # the pacing clock of the loader this one replaces (a reload), whose progress the new one keeps
-    # (or, in a resumed run, the checkpoint's)
-    old_plans = [getattr(p, "_plan", None) for p in providers]
-    previous = next((old.clock for old in old_plans if old is not None and old.clock is not None), None)
+    # (in a resumed run, until its first epoch's loader is built, the checkpoint's)
+    previous = next((c for c in (getattr(p, "restored_clock", None) for p in providers) if c is not None), None)
     if previous is None:
-        previous = next((c for c in (getattr(p, "restored_clock", None) for p in providers) if c is not None), None)
+        old_plans = [getattr(p, "_plan", None) for p in providers]
+        previous = next((old.clock for old in old_plans if old is not None and old.clock is not None), None)
     plan = SamplingPlan(num_samples=len(dataset), seed=int(seed))  # type: ignore[arg-type]
     for provider in providers:
         provider.contribute_to_plan(plan, datamodule, dataset, seed=int(seed))
@@ -365,7 +365,12 @@ def step_clock(
     # (a fresh run, or one built before the checkpoint's loops are restored) takes the checkpoint's too, if any.
     progress, clock = trainer.fit_loop.epoch_progress.current, _clock(trainer)
     anchor, reached = (0, 0), 0.0
-    if clock > 0 and progress.started == progress.processed:
+    same_length = previous is not None and (previous.batches_per_epoch, previous.accumulate) == (batches, accumulate)
+    if clock > 0 and progress.started == progress.processed and same_length:
+        # the loader this one replaces had this length: its clock stands (its run's length worked out anew below,
+        # under this trainer's bounds, as a resumed run with another `max_epochs` does)
+        anchor, reached = previous.anchor, previous.anchor_progress
+    elif clock > 0 and progress.started == progress.processed:
         anchor = (int(progress.processed), clock)
         before = previous.progress([clock]) if previous is not None else None
         reached = float(before[0]) if before is not None else 0.0

@@ -1003,3 +1003,107 @@ def test_a_scorer_that_fails_names_the_batch_and_where_loss_score_read_it():
             "(Tensor (8, 1) float32, Tensor (8,) int64). LossScore read the input from 1 and the target from 0: if "
             "they are elsewhere, pass `input_key=` and `target_key=` to it."
         ]
+
+
+class PoolRecorder(Callback):
+    """The pool fraction of each training step, as the sampler paces it."""
+
+    def __init__(self) -> None:
+        self.fractions: dict[int, float] = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        plan = trainer.train_dataloader.sampler.plan
+        self.fractions[trainer.global_step] = plan.pool_fraction(plan.clock.step_of(batch_idx, trainer.current_epoch))
+
+
+@pytest.mark.parametrize("reload", [0, 1])
+def test_a_resume_with_more_epochs_paces_alike_from_an_epoch_end_or_mid_epoch(tmp_path, reload):
+    """A loader of the same length keeps the clock it replaces, whose run length a resumed trainer works out anew:
+    an epoch-end checkpoint paced the longer run from the shorter one's progress (0.625 at step 15, not 0.4375)."""
+
+    def run(max_epochs, ckpt_path=None, save=False):
+        seed_everything(0)
+        recorder = PoolRecorder()
+        saves = [
+            ModelCheckpoint(dirpath=tmp_path / "e", save_top_k=-1, every_n_epochs=1, save_on_train_epoch_end=True),
+            ModelCheckpoint(dirpath=tmp_path / "s", save_top_k=-1, every_n_train_steps=15),
+        ]
+        t = trainer(
+            max_epochs=max_epochs,
+            callbacks=[
+                CurriculumOrdering("linear", start_fraction=0.1, full_at=1.0),
+                recorder,
+                *(saves if save else []),
+            ],
+            enable_checkpointing=save,
+            reload_dataloaders_every_n_epochs=reload,
+        )
+        t.fit(IndexModel(), datamodule=IndexDM(), ckpt_path=ckpt_path)
+        return recorder.fractions
+
+    run(2, save=True)
+    (epoch_end,), (mid_epoch,) = (tmp_path / "e").glob("*step=10.ckpt"), (tmp_path / "s").glob("*step=15.ckpt")
+    fresh = run(4)
+    for ckpt in (epoch_end, mid_epoch):
+        resumed = run(4, ckpt_path=str(ckpt))
+        assert {s: resumed[s] for s in (15, 20, 30)} == pytest.approx({s: fresh[s] for s in (15, 20, 30)})
+    assert fresh[15] == pytest.approx(0.1 + 0.9 * 15 / 40)
+
+
+def test_a_resume_by_the_same_callback_object_paces_as_a_fresh_one(tmp_path):
+    """A second fit resumed from a checkpoint with the callback of the first took the first fit's final clock for
+    the one its reload continued (another batch size each epoch: 8, 4, 2)."""
+
+    class Shrinking(IndexDM):
+        def train_dataloader(self):
+            self.batch_size = {0: 8, 1: 4}.get(self.trainer.fit_loop.epoch_progress.current.processed, 2)
+            return super().train_dataloader()
+
+    def run(cur, ckpt_path=None, save=False):
+        seed_everything(0)
+        model = IndexModel()
+        saves = [ModelCheckpoint(dirpath=tmp_path, save_top_k=-1, every_n_epochs=1, save_on_train_epoch_end=True)]
+        t = trainer(
+            max_epochs=3,
+            callbacks=[cur, *(saves if save else [])],
+            reload_dataloaders_every_n_epochs=1,
+            enable_checkpointing=save,
+        )
+        t.fit(model, datamodule=Shrinking(), ckpt_path=ckpt_path)
+        return model
+
+    cur = CurriculumOrdering("linear", start_fraction=0.1, full_at=1.0)
+    full = run(cur, save=True)
+    (ckpt,) = tmp_path.glob("*step=10.ckpt")
+    assert run(cur, ckpt_path=str(ckpt)).seen == full.seen[10:]
+    assert cur._plan.clock.anchor_progress == pytest.approx(2 / 3)  # at epoch 2's reload, as uninterrupted
+
+
+def test_a_resume_whose_first_loader_is_built_before_the_restore_keeps_the_checkpoints_pace(tmp_path):
+    """The model reads `estimated_stepping_batches` in `configure_optimizers`, so a loader of the first training
+    set is built before the checkpoint is restored: its clock (80 samples) was taken for the one the resumed epoch
+    continues (160 after the reload), and epoch 2 paced at the full pool."""
+
+    class Grows(IndexDM):
+        def get_train_dataset(self):
+            n = 160 if self.trainer is not None and self.trainer.current_epoch >= 1 else 80
+            self.train_difficulty = np.arange(float(n))
+            return TensorDataset(torch.arange(n, dtype=torch.float32)[:, None], torch.zeros(n, dtype=torch.long))
+
+    def run(ckpt_path=None, save=False):
+        seed_everything(0)
+        model = EstimatingModel(80, estimates=True)
+        saves = [ModelCheckpoint(dirpath=tmp_path, save_top_k=-1, every_n_epochs=1, save_on_train_epoch_end=True)]
+        t = trainer(
+            max_epochs=3,
+            callbacks=[CurriculumOrdering("linear", start_fraction=0.1, full_at=1.0), *(saves if save else [])],
+            reload_dataloaders_every_n_epochs=1,
+            enable_checkpointing=save,
+        )
+        t.fit(model, datamodule=Grows(80), ckpt_path=ckpt_path)
+        return model
+
+    full = run(save=True)
+    (ckpt,) = tmp_path.glob("*step=30.ckpt")
+    resumed = run(ckpt_path=str(ckpt))
+    assert resumed.seen == full.seen[30:]

@@ -512,6 +512,7 @@ class CurriculumOrdering(SpeedupCallback):
         # A new fit scores the model it starts from; a resumed one gets its saved scores back after setup.
         self.order, self.scores, self._order_inputs, self._restored_scores = None, None, None, None
         self.restored_clock_anchor = self.restored_clock = None  # likewise a resumed run's pacing anchor and clock
+        self._plan = None  # an earlier fit's: not the clock this fit's loaders continue
         dataset = datamodule.indexed_train_dataset(self._who)
         if not self.uses_scorer:  # bad scores fail here, before training; a scorer runs at fit start
             self.compute_order(datamodule, dataset, datamodule_seed(datamodule))
@@ -549,7 +550,8 @@ class CurriculumOrdering(SpeedupCallback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         plan = check_plan_in_use(trainer, self._who)
-        self._restored_scores = None  # the resumed epoch's loader is built: later reloads score their own sets
+        # the resumed epoch's loader is built: later reloads score their own sets, and continue its clock
+        self._restored_scores = self.restored_clock = None
         clock = plan.clock
         if clock is None:
             return
@@ -622,7 +624,13 @@ class CurriculumOrdering(SpeedupCallback):
         if clock is not None and clock.anchor != (0, 0):  # set by a reload with another length: a resume needs it
             state["clock_anchor"] = [*clock.anchor, clock.anchor_progress]
         if clock is not None:  # what a resumed run's loader built between epochs keeps the progress of
-            state["pace_clock"] = [*clock.anchor, clock.anchor_progress, float(clock.total_steps)]
+            state["pace_clock"] = [
+                *clock.anchor,
+                clock.anchor_progress,
+                float(clock.total_steps),
+                clock.batches_per_epoch,
+                clock.accumulate,
+            ]
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -630,7 +638,14 @@ class CurriculumOrdering(SpeedupCallback):
         anchor = state_dict.get("clock_anchor")
         pace = state_dict.get("pace_clock")
         self.restored_clock = (
-            fs.StepClock(1, 1, total_steps=pace[3], anchor=(int(pace[0]), int(pace[1])), anchor_progress=pace[2])
+            fs.StepClock(
+                1,
+                int(pace[4]),
+                int(pace[5]),
+                total_steps=float(pace[3]),
+                anchor=(int(pace[0]), int(pace[1])),
+                anchor_progress=float(pace[2]),
+            )
             if pace
             else None
         )
