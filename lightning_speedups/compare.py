@@ -89,7 +89,7 @@ class RunResult:
     steps: int
     batch_size: int | None = None  # the datamodule's at the end (a BatchSizeFinder may have changed it)
     uncounted: dict[str, str] = field(default_factory=dict)  # modules the FLOP counter counted nothing for
-    flops_vary: bool = False  # some batch shape's steps differed in FLOPs: each of them was counted
+    flops_vary: bool = False  # some batch shape's steps differed in FLOPs: counted every 8th step, an estimate
 
     @property
     def final(self) -> float:

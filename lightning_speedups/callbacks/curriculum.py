@@ -621,9 +621,7 @@ class CurriculumOrdering(SpeedupCallback):
         if self.scores is not None:
             state["scores"] = torch.from_numpy(np.asarray(self.scores, dtype=np.float32))
         clock = self._plan.clock if self._plan is not None else None
-        if clock is not None and clock.anchor != (0, 0):  # set by a reload with another length: a resume needs it
-            state["clock_anchor"] = [*clock.anchor, clock.anchor_progress]
-        if clock is not None:  # what a resumed run's loader built between epochs keeps the progress of
+        if clock is not None:  # the clock a resumed run's loaders continue (its anchor, set by a reload, included)
             state["pace_clock"] = [
                 *clock.anchor,
                 clock.anchor_progress,
@@ -635,7 +633,6 @@ class CurriculumOrdering(SpeedupCallback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
-        anchor = state_dict.get("clock_anchor")
         pace = state_dict.get("pace_clock")
         self.restored_clock = (
             fs.StepClock(
@@ -649,8 +646,12 @@ class CurriculumOrdering(SpeedupCallback):
             if pace
             else None
         )
-        # (epoch, step, progress reached there); checkpoints from before kept no progress
-        self.restored_clock_anchor = (int(anchor[0]), int(anchor[1]), *map(float, anchor[2:3])) if anchor else None
+        # (epoch, step, progress reached there) of a reload's anchor; checkpoints from before kept only its
+        # `clock_anchor` (epoch, step)
+        clock = self.restored_clock
+        anchor = [*clock.anchor, clock.anchor_progress] if clock is not None else state_dict.get("clock_anchor")
+        restored = (int(anchor[0]), int(anchor[1]), *map(float, anchor[2:3])) if anchor else None
+        self.restored_clock_anchor = restored if restored is not None and restored[:2] != (0, 0) else None
         scores = state_dict.get("scores")
         if scores is not None and self.uses_scorer:
             self.scores = np.asarray(scores.numpy() if hasattr(scores, "numpy") else scores, dtype=np.float32)

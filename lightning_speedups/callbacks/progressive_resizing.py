@@ -260,6 +260,7 @@ class ProgressiveResizing(SpeedupCallback):
         self._full: tuple[int, int] | None = None
         self._run: float = math.inf  # pipeline mode: training batches at `_size` in a row (this whole fit: inf)
         self._val_size: tuple[int, int] | None = None
+        self._val_resized = False  # this validation brought some batch below full size (its size is logged)
         self._warned_several_val_sizes = False
         self._cache: deque[Tensor] = deque(maxlen=self.calibration_batches)
         self._epoch_counts: dict[tuple[Any, ...], tuple[int, float]] = {}  # pipeline: (steps before, total)
@@ -822,7 +823,7 @@ class ProgressiveResizing(SpeedupCallback):
                 )
         elif (
             self._val_size is not None
-            and self.__dict__.get("_val_resized")
+            and self._val_resized
             and self.log_knobs
             and trainer.loggers
             and not trainer.sanity_checking
