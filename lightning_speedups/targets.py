@@ -25,7 +25,7 @@ from __future__ import annotations
 import numbers
 import re
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -133,9 +133,35 @@ INDEX_ONLY_LOSSES: tuple[type[nn.Module], ...] = (
 )
 
 
+def check_double_smoothing(pl_module: nn.Module, who: str, *, warn: Callable[[str], None] | None = None) -> None:
+    """Raise (or ``warn``) if a cross entropy of ``pl_module`` smooths too: with ``who`` putting label smoothing
+    in the targets, they would be smoothed twice."""
+    for name, m in pl_module.named_modules():
+        if not (isinstance(m, nn.CrossEntropyLoss) and m.label_smoothing > 0):
+            continue
+        where = f"`{name}`" if name else "the LightningModule"
+        # the built-in presets' smoother; a user's own is taken out of a preset as the preset allows
+        preset_hint = (
+            " (from a preset: `presets.get(name, LabelSmoothing=None)`)"
+            if who.partition("(")[0] == "LabelSmoothing"
+            else ""
+        )
+        message = (
+            f"{who} puts label smoothing in the targets, but {where} already has `label_smoothing="
+            f"{m.label_smoothing}`: targets would be smoothed twice. Set one of them only: remove the callback "
+            f"and let the loss smooth{preset_hint}, or set the loss's `label_smoothing=0` (with "
+            "`LabelSmoothing(method='loss')`, the callback then sets it for training steps only)."
+        )
+        if warn is None:
+            raise ValueError(message)
+        warn(message + " (Not refused: `check_loss=False`; ignore this if that loss is not used in `training_step`.)")
+
+
 def check_soft_target_losses(pl_module: nn.Module, who: str, *, smoothing_in_targets: bool) -> None:
     """Raise if a loss module of ``pl_module`` cannot take probability targets, would weight them differently
     than class indices, or would smooth them twice; ``smoothing_in_targets`` is True for label smoothing."""
+    if smoothing_in_targets:  # first: `check_loss=False`, the fix of the errors below, does not waive it
+        check_double_smoothing(pl_module, who)
     for name, m in pl_module.named_modules():
         where = f"`{name}`" if name else "the LightningModule"
         if isinstance(m, INDEX_ONLY_LOSSES):
@@ -172,19 +198,6 @@ def check_soft_target_losses(pl_module: nn.Module, who: str, *, smoothing_in_tar
                 f"silently change. {fix} drop `weight` and weight the per-sample losses yourself "
                 "(`reduction='none'`), or pass `check_loss=False` to accept torch's weighting of probability "
                 "targets (divided by the batch size)."
-            )
-        if smoothing_in_targets and isinstance(m, nn.CrossEntropyLoss) and m.label_smoothing > 0:
-            # the built-in presets' smoother; a user's own is taken out of a preset as the preset allows
-            preset_hint = (
-                " (from a preset: `presets.get(name, LabelSmoothing=None)`)"
-                if who.partition("(")[0] == "LabelSmoothing"
-                else ""
-            )
-            raise ValueError(
-                f"{who} puts label smoothing in the targets, but {where} already has `label_smoothing="
-                f"{m.label_smoothing}`: targets would be smoothed twice. Set one of them only: remove the callback "
-                f"and let the loss smooth{preset_hint}, or set the loss's `label_smoothing=0` (with "
-                "`LabelSmoothing(method='loss')`, the callback then sets it for training steps only)."
             )
 
 
@@ -360,6 +373,9 @@ class TargetTransformCallback(SpeedupCallback):
             )
         if self.check_loss and self.may_act:  # p=0 turns the callback off: nothing it would change to check
             self.check_module(pl_module)
+        elif self.may_act and self.smooths_targets and self.transforms_batches:
+            # `check_loss=False` is for losses not used in training: one that smooths may be, so say so
+            check_double_smoothing(pl_module, type(self).__name__, warn=self.warn)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)

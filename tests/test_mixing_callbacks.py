@@ -577,6 +577,23 @@ def test_loss_mode_needs_a_criterion_and_check_loss_opt_out():
     assert model.train_batches[0][1].is_floating_point()
 
 
+def test_double_smoothing_is_named_first_and_still_warned_under_check_loss_opt_out():
+    # an unused loss the checks refuse, and the training loss that smooths too: the smoothing is named first,
+    # since `check_loss=False` (the fix the other error offers) does not waive it
+    model = WithLoss(nn.CrossEntropyLoss(label_smoothing=0.1))
+    model.aux = nn.CrossEntropyLoss(ignore_index=0)
+    with pytest.raises(ValueError, match="smoothed twice") as raised:
+        trainer(callbacks=[LabelSmoothing()], max_steps=1).fit(model, loaders()[0])
+    assert "ignore_index" not in str(raised.value)
+    # opted out: the run goes ahead, but the double smoothing is said
+    with pytest.warns(SpeedupWarning, match=r"smoothed twice.*check_loss=False"):
+        trainer(callbacks=[LabelSmoothing(check_loss=False)], max_steps=1).fit(model, loaders()[0])
+    # a MixUp smooths nothing: the loss's smoothing is the only one, nothing to say
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*smoothed twice", category=SpeedupWarning)
+        trainer(callbacks=[MixUp(check_loss=False)], max_steps=1).fit(model, loaders()[0])
+
+
 class Relaxation(TargetTransformCallback):
     """A user's target-only smoothing technique (as docs/extending.md describes)."""
 
