@@ -1025,7 +1025,8 @@ def test_a_fraction_warmup_needs_a_bounded_run():
             return DataLoader(Stream(), batch_size=8)
 
     # Lightning's own estimate is -1 here: never a warmup of one update
-    with pytest.raises(ValueError, match=r"warmup_unit='fraction'\) needs a finite run"):
+    # `max_epochs` is set: the fix named is the one that bounds a loader with no length
+    with pytest.raises(ValueError, match=r"warmup_unit='fraction'\) needs a finite run: set `max_steps` \(the"):
         fit(Streaming("none"), [LinearScalingWarmup(8, warmup=0.5, warmup_unit="fraction")], max_epochs=2)
 
 

@@ -624,9 +624,13 @@ class LinearScalingWarmup(SpeedupCallback):
                 else _total_steps(trainer)
             )
             if total is None:
+                if math.isfinite(num_batches):
+                    bound = "`max_steps` or `max_epochs`"
+                else:  # a loader with no length (an iterable dataset): epochs do not bound the run
+                    bound = "`max_steps` (the training loader has no length, so `max_epochs` does not bound the run)"
                 raise ValueError(
-                    f"{type(self).__name__}(warmup_unit='fraction') needs a finite run: set `max_steps` or "
-                    "`max_epochs` on the Trainer, or give the warmup in steps (`warmup_unit='steps'`)."
+                    f"{type(self).__name__}(warmup_unit='fraction') needs a finite run: set {bound} on the Trainer, "
+                    "or give the warmup in steps (`warmup_unit='steps'`)."
                 )
         steps = (
             warmup_length(self.warmup, self.warmup_unit, steps_per_epoch=per_epoch, total_steps=total)
