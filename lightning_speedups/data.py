@@ -575,17 +575,18 @@ class SpeedupDataModule(pl.LightningDataModule):
         workers = self.num_workers
         if workers is None:
             workers = default_num_workers(dataset, self._processes_per_node())
-        pin = self.pin_memory
-        if pin is None:
-            pin = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
-            # pinned memory, persistent workers and reloaded loaders together are unstable (pytorch#91252, which
-            # Lightning warns about): the default leaves pinning out of that combination
-            reloads = self.trainer is not None and self.trainer.reload_dataloaders_every_n_epochs
-            pin = pin and not (workers > 0 and self.persistent_workers and reloads)
+        pin = self._default_pin(workers, self.persistent_workers) if self.pin_memory is None else self.pin_memory
         kwargs: dict[str, Any] = {"num_workers": workers, "pin_memory": pin, "collate_fn": self.collate_fn}
         if workers > 0:
             kwargs["persistent_workers"] = self.persistent_workers
         return kwargs
+
+    def _default_pin(self, workers: int, persistent: bool) -> bool:
+        """Pinned memory when training on CUDA, but not beside persistent workers in reloaded loaders: the three
+        together are unstable (pytorch#91252, which Lightning warns about)."""
+        if self.trainer is None or not isinstance(self.trainer.accelerator, CUDAAccelerator):
+            return False
+        return not (workers > 0 and persistent and self.trainer.reload_dataloaders_every_n_epochs)
 
     def _sampler_context(self) -> dict[str, int]:
         trainer = self.trainer
@@ -713,9 +714,13 @@ class SpeedupDataModule(pl.LightningDataModule):
         """Make ``loader`` the training loader whose position checkpoints record, and hand it the position of the
         checkpoint being restored, if any (consumed once)."""
         self._train_loader = weakref.ref(loader)  # not kept alive (nor its workers) by the datamodule
-        pending, self._pending_loader_state = self.__dict__.get("_pending_loader_state"), None
+        pending = self.__dict__.get("_pending_loader_state")
         if pending and _restoring_checkpoint(self.trainer):
+            # kept for every loader built while the checkpoint is restored: one built only for its length (in
+            # `configure_optimizers`) may come before the one that trains
             loader.load_state_dict(pending)
+        else:
+            self._pending_loader_state = None
 
     # A resumed run gets the loader's position from the checkpoint twice: here, from the datamodule's own entry
     # (restored before the strategy's setup), and from Lightning's loop state (restored after it). Lightning's
@@ -737,6 +742,21 @@ class SpeedupDataModule(pl.LightningDataModule):
         fitting = self.trainer is None or self.trainer.state.fn == TrainerFn.FITTING
         # validate/test/predict(ckpt_path=...) restore it too, but build no training loader to take it
         self._pending_loader_state = state_dict.get(_LOADER_STATE) if fitting else None
+        ref = self.__dict__.get("_train_loader")
+        loader = ref() if ref is not None else None
+        if self._pending_loader_state and loader is not None and _restoring_checkpoint(self.trainer):
+            self._position_built_loader(loader, self._pending_loader_state)
+
+    def _position_built_loader(self, loader: ResumableDataLoader, position: dict[str, Any]) -> None:
+        """A strategy that restores the checkpoint after its setup (FSDP, DeepSpeed, ModelParallel) with the
+        training loader built already (``estimated_stepping_batches`` in ``configure_optimizers``): Lightning
+        builds no other, and its own copy of the position is applied only to loaders it builds."""
+        loader.load_state_dict(position)  # enough where no iterator has drawn from the sampler yet
+        fit_loop = getattr(self.trainer, "fit_loop", None)
+        if loader.num_workers > 0 and loader.__dict__.get("_restart_checked") and fit_loop is not None:
+            # its worker iterator prefetched the epoch's first batches when it was made: Lightning must build
+            # the loader anew (as for a reload), which then gets the position from Lightning's loop state
+            fit_loop._combined_loader = None
 
     def __getstate__(self) -> dict[str, Any]:
         # picklable (ddp_spawn sends the datamodule to its processes): no weak reference, no pending position
@@ -760,10 +780,15 @@ class SpeedupDataModule(pl.LightningDataModule):
         ``persistent_workers=False`` (or fewer ``num_workers``) where memory is tight or validation is rare.
         """
         kwargs = self.loader_kwargs(dataset)
+        shared_default_pin = self._default_pin(kwargs["num_workers"], self.persistent_workers)
         workers = _checks.optional_int("num_workers", num_workers, minimum=0)
         keep = _checks.flag("persistent_workers", persistent_workers, optional=True)
         kwargs["num_workers"] = kwargs["num_workers"] if workers is None else workers
         kwargs.pop("persistent_workers", None)  # a DataLoader without workers refuses it
+        persistent = self.persistent_workers if keep is None else keep
         if kwargs["num_workers"] > 0:
-            kwargs["persistent_workers"] = self.persistent_workers if keep is None else keep
+            kwargs["persistent_workers"] = persistent
+        if self.pin_memory is None and kwargs["pin_memory"] == shared_default_pin:
+            # the default pinning, for this loader's own workers (unless an override of `loader_kwargs` chose)
+            kwargs["pin_memory"] = self._default_pin(kwargs["num_workers"], persistent)
         return DataLoader(dataset, batch_size=batch_size or self.batch_size, shuffle=False, **kwargs)

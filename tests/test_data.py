@@ -10,6 +10,7 @@ import pytest
 import torch
 from lightning.pytorch import seed_everything
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch.utils.data import ConcatDataset, DataLoader, DistributedSampler, Sampler, TensorDataset
 
 from lightning_speedups import SpeedupDataModule, SpeedupWarning
@@ -417,6 +418,16 @@ def test_pinned_memory_is_left_out_beside_persistent_workers_and_reloads():
     for reloads, pinned in ((0, True), (1, False)):  # Lightning: "can lead to instability" (pytorch#91252)
         dm.trainer = SimpleNamespace(accelerator=CUDAAccelerator(), reload_dataloaders_every_n_epochs=reloads)
         assert dm.loader_kwargs(dm.train_dataset)["pin_memory"] is pinned
+    # an evaluation loader decides for its own workers (the training ones pinned, and then not: the other way)
+    dm = IndexedDM(num_workers=2, persistent_workers=False)
+    dm.setup("fit")
+    dm.trainer = SimpleNamespace(accelerator=CUDAAccelerator(), reload_dataloaders_every_n_epochs=1)
+    assert dm.eval_dataloader(dm.train_dataset, persistent_workers=True).pin_memory is False
+    assert dm.eval_dataloader(dm.train_dataset).pin_memory is True
+    dm.persistent_workers = True
+    assert dm.eval_dataloader(dm.train_dataset, num_workers=0).pin_memory is True
+    assert dm.eval_dataloader(dm.train_dataset, persistent_workers=False).pin_memory is True
+    assert IndexedDM(num_workers=2, pin_memory=True).eval_dataloader(dm.train_dataset).pin_memory is True  # given
 
 
 def test_metadata_defaults():
@@ -591,14 +602,15 @@ class ScheduledIndexModule(IndexModule):
         return cosine_over_the_run(self)
 
 
-def full_and_resumed(tmp_path, step, make_datamodule):
+def full_and_resumed(tmp_path, step, make_datamodule, module=None, strategy=None):
     """The indices each step saw in a 3-epoch run (checkpoints every 2 steps) and in one resumed from its
     checkpoint at ``step`` (4 batches per epoch: 6 is mid-epoch 1, 8 its end); resuming must not restart an epoch."""
 
     def run(ckpt_path=None, save=False):
-        model = ScheduledIndexModule()
+        model = (module or ScheduledIndexModule)()
         extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)] if save else []
-        trainer(max_epochs=3, callbacks=extra, enable_checkpointing=save).fit(
+        more = {"strategy": strategy()} if strategy else {}
+        trainer(max_epochs=3, callbacks=extra, enable_checkpointing=save, **more).fit(
             model, datamodule=make_datamodule(), ckpt_path=ckpt_path
         )
         return model.seen
@@ -619,6 +631,43 @@ def test_resume_when_the_loader_is_built_before_the_restore(tmp_path, step, num_
         tmp_path, step, lambda: IndexedDM(n=32, batch_size=8, seed=0, num_workers=num_workers)
     )
     assert resumed == full[step:]
+
+
+class RestoresAfterSetup(SingleDeviceStrategy):
+    """Restores the checkpoint after its setup, as FSDP, DeepSpeed and ModelParallel do."""
+
+    def __init__(self):
+        super().__init__(device="cpu")
+
+    @property
+    def restore_checkpoint_after_setup(self):
+        return True
+
+
+class MeasuresItsLoaderFirst(ScheduledIndexModule):
+    """Builds a training loader only for its length, before `estimated_stepping_batches` builds the real one."""
+
+    def configure_optimizers(self):
+        assert len(self.trainer.datamodule.train_dataloader()) == 4
+        return super().configure_optimizers()
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_resume_when_the_strategy_restores_after_the_loader_is_built(tmp_path, num_workers):
+    # the loader is built in `configure_optimizers` during the strategy's setup and the position arrives later:
+    # with workers, its iterator had already drawn the epoch's first batches (it restarted the epoch, silently)
+    full, resumed = full_and_resumed(
+        tmp_path, 6, lambda: IndexedDM(n=32, batch_size=8, seed=0, num_workers=num_workers), strategy=RestoresAfterSetup
+    )
+    assert resumed == full[6:]
+
+
+def test_resume_when_a_loader_is_built_only_for_its_length_first(tmp_path):
+    # that first loader took the restored position, and the one that trains started the epoch over, silently
+    full, resumed = full_and_resumed(
+        tmp_path, 6, lambda: IndexedDM(n=32, batch_size=8, seed=0, num_workers=1), module=MeasuresItsLoaderFirst
+    )
+    assert resumed == full[6:]
 
 
 class GroupedBatches(torch.utils.data.BatchSampler):
