@@ -397,6 +397,15 @@ class SpeedupCallback(Callback):
                 return
         if not reloaded:
             self._anchor = (0, 0.0)
+            loop, clock = trainer.fit_loop, _clock(trainer)
+            if clock > 0 and not (loop.restarting or loop.epoch_loop.restarting):
+                # a later `fit` on this trainer (`max_epochs` raised): the steps taken, then this loader's length
+                # for the epochs left (the earlier epochs' loader may have had another)
+                length = {"from_epoch": trainer.current_epoch, "steps_before": clock}
+                if bound is not None:
+                    self._epochs_bound = run_length(trainer, with_max_steps=False, batches=batches, **length)
+                self._set_length(trainer, batches, **length, with_max_steps=not _counts_batches(trainer))
+                return
             self._set_length(trainer, batches, from_epoch=0, steps_before=0, with_max_steps=True)
             return
         # A loader reloaded at this epoch's start, maybe with another length: the progress reached stands, and

@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.callbacks import BatchSizeFinder
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
@@ -372,6 +373,18 @@ def _restoring_checkpoint(trainer: pl.Trainer | None) -> bool:
     position is the trial's."""
     connector = getattr(trainer, "_checkpoint_connector", None)
     return bool(getattr(connector, "_loaded_checkpoint", None))
+
+
+def _finds_batch_size(trainer: pl.Trainer | None) -> bool:
+    return trainer is not None and any(isinstance(cb, BatchSizeFinder) for cb in trainer.callbacks)
+
+
+def _trains_with(trainer: pl.Trainer, loader: DataLoader) -> bool:
+    """Whether ``loader`` is among the training loaders Lightning holds for this fit."""
+    loaders = trainer.train_dataloader  # None before Lightning sets one up
+    if isinstance(loaders, Mapping):
+        loaders = list(loaders.values())
+    return any(item is loader for item in (loaders if isinstance(loaders, list | tuple) else [loaders]))
 
 
 def available_cpus() -> int:
@@ -742,9 +755,20 @@ class SpeedupDataModule(pl.LightningDataModule):
         fitting = self.trainer is None or self.trainer.state.fn == TrainerFn.FITTING
         # validate/test/predict(ckpt_path=...) restore it too, but build no training loader to take it
         self._pending_loader_state = state_dict.get(_LOADER_STATE) if fitting else None
+        if _finds_batch_size(self.trainer):
+            # a BatchSizeFinder's trials restore a checkpoint of their own, which leaves Lightning's loops at the
+            # run's start (the resumed training state is lost): the loader it trains with starts there too
+            self._pending_loader_state = None
         ref = self.__dict__.get("_train_loader")
         loader = ref() if ref is not None else None
-        if self._pending_loader_state and loader is not None and _restoring_checkpoint(self.trainer):
+        trainer = self.trainer
+        if (
+            self._pending_loader_state
+            and loader is not None
+            and _restoring_checkpoint(trainer)
+            and getattr(getattr(trainer, "strategy", None), "restore_checkpoint_after_setup", False)
+            and _trains_with(trainer, loader)  # built in this fit's setup, not kept from an earlier fit
+        ):
             self._position_built_loader(loader, self._pending_loader_state)
 
     def _position_built_loader(self, loader: ResumableDataLoader, position: dict[str, Any]) -> None:
@@ -780,7 +804,6 @@ class SpeedupDataModule(pl.LightningDataModule):
         ``persistent_workers=False`` (or fewer ``num_workers``) where memory is tight or validation is rare.
         """
         kwargs = self.loader_kwargs(dataset)
-        shared_default_pin = self._default_pin(kwargs["num_workers"], self.persistent_workers)
         workers = _checks.optional_int("num_workers", num_workers, minimum=0)
         keep = _checks.flag("persistent_workers", persistent_workers, optional=True)
         kwargs["num_workers"] = kwargs["num_workers"] if workers is None else workers
@@ -788,7 +811,7 @@ class SpeedupDataModule(pl.LightningDataModule):
         persistent = self.persistent_workers if keep is None else keep
         if kwargs["num_workers"] > 0:
             kwargs["persistent_workers"] = persistent
-        if self.pin_memory is None and kwargs["pin_memory"] == shared_default_pin:
-            # the default pinning, for this loader's own workers (unless an override of `loader_kwargs` chose)
+        if self.pin_memory is None and type(self).loader_kwargs is SpeedupDataModule.loader_kwargs:
+            # the default pinning, for this loader's own workers (an override of `loader_kwargs` chooses its own)
             kwargs["pin_memory"] = self._default_pin(kwargs["num_workers"], persistent)
         return DataLoader(dataset, batch_size=batch_size or self.batch_size, shuffle=False, **kwargs)

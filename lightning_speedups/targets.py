@@ -147,14 +147,16 @@ def check_double_smoothing(pl_module: nn.Module, who: str, *, warn: Callable[[st
             else ""
         )
         message = (
-            f"{who} puts label smoothing in the targets, but {where} already has `label_smoothing="
+            f"puts label smoothing in the targets, but {where} already has `label_smoothing="
             f"{m.label_smoothing}`: targets would be smoothed twice. Set one of them only: remove the callback "
             f"and let the loss smooth{preset_hint}, or set the loss's `label_smoothing=0` (with "
             "`LabelSmoothing(method='loss')`, the callback then sets it for training steps only)."
         )
         if warn is None:
-            raise ValueError(message)
-        warn(message + " (Not refused: `check_loss=False`; ignore this if that loss is not used in `training_step`.)")
+            raise ValueError(f"{who} {message}")
+        warn(
+            f"it {message} (Not refused: `check_loss=False`; ignore this if that loss is not used in `training_step`.)"
+        )
 
 
 def check_soft_target_losses(pl_module: nn.Module, who: str, *, smoothing_in_targets: bool) -> None:

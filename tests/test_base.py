@@ -139,6 +139,23 @@ def test_progress_under_manual_optimization_with_two_optimizers(kwargs):
     assert [p for _, p in probe.seen] == pytest.approx([b / batches for b in range(batches)])
 
 
+@pytest.mark.parametrize("manual", [False, True], ids=["automatic", "manual"])
+def test_a_second_fit_with_another_loader_length_counts_the_steps_taken_then_the_new_length(manual):
+    # 4 batches in the first fit, then max_epochs raised to 3 with 8 batches per epoch: 4 + 2 x 8 = 20 batches
+    probe = ProgressProbe()
+    t = trainer(callbacks=[probe], max_epochs=1)
+    module = BothEveryBatch() if manual else RecordingModule(record=False)
+    t.fit(module, loaders(n=64)[0])
+    probe.seen.clear()
+    t.fit_loop.max_epochs = 3
+    t.fit(module, loaders(n=128)[0])
+    steps_per_batch = 2 if manual else 1
+    assert t.global_step == 20 * steps_per_batch
+    # taken as 3 x 8 = 24 batches, the run ended at 19/24 with its windows and ramps short of their end
+    assert [p for _, p in probe.seen] == pytest.approx([step / steps_per_batch / 20 for step, _ in probe.seen])
+    assert probe.seen[-1][1] == pytest.approx(19 / 20)
+
+
 class StepsEverySecondBatch(RecordingModule):
     """Manual optimization with one optimizer that accumulates two batches per step: half a global step a batch."""
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from lightning.pytorch import seed_everything
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import BatchSizeFinder, Callback, ModelCheckpoint
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch.utils.data import ConcatDataset, DataLoader, DistributedSampler, Sampler, TensorDataset
 
@@ -429,6 +429,14 @@ def test_pinned_memory_is_left_out_beside_persistent_workers_and_reloads():
     assert dm.eval_dataloader(dm.train_dataset, persistent_workers=False).pin_memory is True
     assert IndexedDM(num_workers=2, pin_memory=True).eval_dataloader(dm.train_dataset).pin_memory is True  # given
 
+    class NeverPins(IndexedDM):
+        def loader_kwargs(self, dataset):
+            return {**super().loader_kwargs(dataset), "pin_memory": False}
+
+    never = NeverPins(num_workers=2)
+    never.trainer = dm.trainer
+    assert never.eval_dataloader(dm.train_dataset, num_workers=0).pin_memory is False  # the override's choice
+
 
 def test_metadata_defaults():
     dm = IndexedDM()
@@ -668,6 +676,46 @@ def test_resume_when_a_loader_is_built_only_for_its_length_first(tmp_path):
         tmp_path, 6, lambda: IndexedDM(n=32, batch_size=8, seed=0, num_workers=1), module=MeasuresItsLoaderFirst
     )
     assert resumed == full[6:]
+
+
+class RecordsTheRealRun(IndexModule):
+    def on_train_start(self):
+        self.seen.clear()  # a BatchSizeFinder's trials came before
+
+
+def test_a_batch_size_search_in_a_resumed_fit_trains_the_whole_epoch_as_lightnings_loops_do(tmp_path):
+    # the finder's trials restore a checkpoint of their own, after which Lightning's loops start at step 0: the data
+    # must too (the position of the resumed checkpoint, kept for every loader, skipped batches nobody counted)
+    saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    trainer(max_epochs=1, callbacks=[saver], enable_checkpointing=True, limit_val_batches=0).fit(
+        IndexModule(), datamodule=WithValidation(n=64, batch_size=8, seed=0)
+    )
+    module = RecordsTheRealRun()
+    finder = BatchSizeFinder(mode="power", steps_per_trial=1, init_val=8, max_trials=2)
+    t = trainer(max_epochs=1, callbacks=[finder], limit_val_batches=0)
+    dm = WithValidation(n=64, batch_size=8, seed=0)  # the finder resets the validation loaders too
+    t.fit(module, datamodule=dm, ckpt_path=str(tmp_path / "epoch=0-step=2.ckpt"))
+    assert sorted(i for batch in module.seen for i in batch) == list(range(64))
+    assert t.global_step == len(module.seen)
+
+
+def test_a_resume_leaves_an_earlier_fits_loader_alone(tmp_path):
+    # the datamodule's loader of an earlier fit, alive with its trainer: handing it the position compared its seed
+    # with the checkpoint's (a false warning); the resumed run's own loader is built after the restore
+    saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    full = IndexModule()
+    trainer(max_epochs=2, callbacks=[saver], enable_checkpointing=True).fit(
+        full, datamodule=IndexedDM(n=32, batch_size=8, seed=2)
+    )
+    dm = IndexedDM(n=32, batch_size=8, seed=1)
+    earlier = trainer(max_epochs=1)
+    earlier.fit(IndexModule(), datamodule=dm)
+    dm.seed = 2
+    resumed = IndexModule()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)
+        trainer(max_epochs=2).fit(resumed, datamodule=dm, ckpt_path=str(tmp_path / "epoch=1-step=6.ckpt"))
+    assert resumed.seen == full.seen[6:]
 
 
 class GroupedBatches(torch.utils.data.BatchSampler):
