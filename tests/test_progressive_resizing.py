@@ -581,6 +581,29 @@ def test_recalibration_leaves_frozen_layers_and_layers_it_cannot_reach():
     assert torch.equal(seen[-1][1], trained[-1])
 
 
+class FreezesItsBatchNormAtEpoch3(SizeRecorder):
+    def on_train_epoch_start(self):
+        if self.current_epoch >= 3:
+            self.net.bn.eval()  # a finetuning schedule freezes the layer, after the resizing reached full size
+
+
+def test_a_layer_frozen_after_the_schedule_reached_full_size_keeps_its_statistics_at_validation():
+    kept: list[bool] = []
+
+    class Probe(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.stats = pl_module.net.bn.running_mean.clone()
+
+        def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            if batch_idx == 0 and trainer.current_epoch == 3:
+                kept.append(torch.equal(pl_module.net.bn.running_mean, self.stats))
+
+    # full size from step 8 (epoch 2) of 16; within the 29 full-size batches, so validation still recalibrates
+    cb = ProgressiveResizing(0.5, 0.25, 0.5, mode="crop", validation="recalibrate", calibration_batches=2)
+    trainer(callbacks=[cb, Probe()], max_epochs=4).fit(FreezesItsBatchNormAtEpoch3(), *loaders("list", n=64, size=SIZE))
+    assert cb._settled and kept == [True]  # trained layers are listed every epoch, at full size too
+
+
 # ---------------------------------------------------------------------------------------------- resume, logs
 def run(tmp_path, ckpt_path=None, save=False, mode="crop"):
     seed_everything(11)

@@ -339,6 +339,12 @@ class ProgressiveResizing(SpeedupCallback):
             self._cache.append(self.fields.get_input(batch))  # a reference: the seam never mutates batches
 
     def transform_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> Any:
+        if self._bn_modes_stale and self._recalibrates:
+            # once per epoch (at full size too: a layer frozen then must keep its statistics): frozen (eval-mode)
+            # BatchNorm layers keep their statistics at validation (lazy layers included: the module object
+            # stays, and has its statistics once a batch went through)
+            self._trained_bn = [bn for bn in batchnorm_layers(pl_module, lazy=True) if bn.training]
+            self._bn_modes_stale = False
         if self._settled:  # full size until the end of this fit: nothing to work out per batch
             self._full_batches += 1
             return batch
@@ -350,11 +356,6 @@ class ProgressiveResizing(SpeedupCallback):
             if self._recalibrates:
                 self._check_calibration_forward(trainer, pl_module, x)
             self._checked = True
-        if self._bn_modes_stale and self._recalibrates:
-            # once per epoch: frozen (eval-mode) BatchNorm layers keep their statistics at validation
-            # (lazy layers included: the module object stays, and has its statistics once a batch went through)
-            self._trained_bn = [bn for bn in batchnorm_layers(pl_module, lazy=True) if bn.training]
-            self._bn_modes_stale = False
         progress = self._progress(trainer)
         plan = self.plan_at(progress, trainer.current_epoch)
         self._plan = plan
