@@ -404,7 +404,7 @@ class SpeedupCallback(Callback):
                 length = {"from_epoch": trainer.current_epoch, "steps_before": clock}
                 if bound is not None:
                     self._epochs_bound = run_length(trainer, with_max_steps=False, batches=batches, **length)
-                self._set_length(trainer, batches, **length, with_max_steps=not _counts_batches(trainer))
+                self._set_length(trainer, batches, **length, with_max_steps=True)  # as a first fit's
                 return
             self._set_length(trainer, batches, from_epoch=0, steps_before=0, with_max_steps=True)
             return
@@ -423,6 +423,10 @@ class SpeedupCallback(Callback):
         self._anchor_epoch = epoch  # the epoch that starts at the anchor's step
         in_steps = not _counts_batches(trainer)  # in batches (manual optimization), max_steps counts other units
         self._set_length(trainer, batches, from_epoch=epoch, steps_before=clock, with_max_steps=in_steps)
+        if not math.isfinite(self._total_steps) and not in_steps:
+            # no `max_epochs` bound (or a loader with no length): `max_steps` alone bounds the run, whose share
+            # `progress` reads
+            self._set_length(trainer, batches, from_epoch=epoch, steps_before=clock, with_max_steps=True)
 
     def _set_length(self, trainer: pl.Trainer, batches: int | None, **length: Any) -> None:
         """The run's length, ``run_length(trainer, batches=batches, **length)``, and how it was worked out (with how

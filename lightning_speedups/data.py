@@ -375,8 +375,16 @@ def _restoring_checkpoint(trainer: pl.Trainer | None) -> bool:
     return bool(getattr(connector, "_loaded_checkpoint", None))
 
 
-def _finds_batch_size(trainer: pl.Trainer | None) -> bool:
-    return trainer is not None and any(isinstance(cb, BatchSizeFinder) for cb in trainer.callbacks)
+def _searches_before_the_loops_resume(trainer: pl.Trainer | None) -> bool:
+    """Whether a ``BatchSizeFinder`` searches at fit start, between the restore of the datamodule and that of
+    Lightning's loops, which its own restore then leaves at the run's start. Not one that searches at an epoch's
+    start (Lightning's finetuning pattern), nor under a strategy that restores the checkpoint after its setup."""
+    if trainer is None or getattr(getattr(trainer, "strategy", None), "restore_checkpoint_after_setup", False):
+        return False
+    return any(
+        isinstance(cb, BatchSizeFinder) and type(cb).on_fit_start is BatchSizeFinder.on_fit_start
+        for cb in trainer.callbacks
+    )
 
 
 def _trains_with(trainer: pl.Trainer, loader: DataLoader) -> bool:
@@ -588,7 +596,11 @@ class SpeedupDataModule(pl.LightningDataModule):
         workers = self.num_workers
         if workers is None:
             workers = default_num_workers(dataset, self._processes_per_node())
-        pin = self._default_pin(workers, self.persistent_workers) if self.pin_memory is None else self.pin_memory
+        # an evaluation loader's own workers, where `eval_dataloader` is building one (an override of this method
+        # that leaves pinning alone gets the default for them too)
+        own_workers, own_persistent = self.__dict__.get("_eval_workers") or (None, self.persistent_workers)
+        pinned_workers = workers if own_workers is None else own_workers
+        pin = self._default_pin(pinned_workers, own_persistent) if self.pin_memory is None else self.pin_memory
         kwargs: dict[str, Any] = {"num_workers": workers, "pin_memory": pin, "collate_fn": self.collate_fn}
         if workers > 0:
             kwargs["persistent_workers"] = self.persistent_workers
@@ -755,7 +767,7 @@ class SpeedupDataModule(pl.LightningDataModule):
         fitting = self.trainer is None or self.trainer.state.fn == TrainerFn.FITTING
         # validate/test/predict(ckpt_path=...) restore it too, but build no training loader to take it
         self._pending_loader_state = state_dict.get(_LOADER_STATE) if fitting else None
-        if _finds_batch_size(self.trainer):
+        if _searches_before_the_loops_resume(self.trainer):
             # a BatchSizeFinder's trials restore a checkpoint of their own, which leaves Lightning's loops at the
             # run's start (the resumed training state is lost): the loader it trains with starts there too
             self._pending_loader_state = None
@@ -803,15 +815,16 @@ class SpeedupDataModule(pl.LightningDataModule):
         loader's, each holding its copy of the dataset, which saves starting them at every validation. Pass
         ``persistent_workers=False`` (or fewer ``num_workers``) where memory is tight or validation is rare.
         """
-        kwargs = self.loader_kwargs(dataset)
         workers = _checks.optional_int("num_workers", num_workers, minimum=0)
         keep = _checks.flag("persistent_workers", persistent_workers, optional=True)
+        persistent = self.persistent_workers if keep is None else keep
+        self._eval_workers = (workers, persistent)  # the default pinning for this loader's own workers
+        try:
+            kwargs = self.loader_kwargs(dataset)
+        finally:
+            self._eval_workers = None
         kwargs["num_workers"] = kwargs["num_workers"] if workers is None else workers
         kwargs.pop("persistent_workers", None)  # a DataLoader without workers refuses it
-        persistent = self.persistent_workers if keep is None else keep
         if kwargs["num_workers"] > 0:
             kwargs["persistent_workers"] = persistent
-        if self.pin_memory is None and type(self).loader_kwargs is SpeedupDataModule.loader_kwargs:
-            # the default pinning, for this loader's own workers (an override of `loader_kwargs` chooses its own)
-            kwargs["pin_memory"] = self._default_pin(kwargs["num_workers"], persistent)
         return DataLoader(dataset, batch_size=batch_size or self.batch_size, shuffle=False, **kwargs)

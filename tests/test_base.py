@@ -156,6 +156,33 @@ def test_a_second_fit_with_another_loader_length_counts_the_steps_taken_then_the
     assert probe.seen[-1][1] == pytest.approx(19 / 20)
 
 
+def test_a_second_fit_bounded_by_max_steps_alone_under_manual_optimization_has_a_length():
+    # two optimizers, 4 batches per epoch, no max_epochs: max_steps alone bounds each fit
+    probe = ProgressProbe()
+    t = trainer(callbacks=[probe], max_steps=8, max_epochs=-1)
+    module = BothEveryBatch()
+    t.fit(module, loaders(n=64)[0])
+    probe.seen.clear()
+    t.fit_loop.epoch_loop.max_steps = 16
+    t.fit(module, loaders(n=64)[0])  # refused as a run of no length once
+    assert t.global_step == 16
+    assert [p for _, p in probe.seen] == pytest.approx([step / 16 for step, _ in probe.seen])
+
+
+class GrowingBothEveryBatch(BothEveryBatch):
+    def train_dataloader(self):
+        return loaders(n=64 if self.current_epoch == 0 else 128)[0]
+
+
+def test_a_reload_under_manual_optimization_bounded_by_max_steps_alone_keeps_a_length():
+    # 4 then 8 batches per epoch, two optimizers: 12 batches make the 24 steps; refused as a run of no length
+    probe = ProgressProbe()
+    t = trainer(callbacks=[probe], max_steps=24, max_epochs=-1, reload_dataloaders_every_n_epochs=1)
+    t.fit(GrowingBothEveryBatch())
+    assert t.global_step == 24
+    assert [p for _, p in probe.seen] == pytest.approx([step / 24 for step, _ in probe.seen])
+
+
 class StepsEverySecondBatch(RecordingModule):
     """Manual optimization with one optimizer that accumulates two batches per step: half a global step a batch."""
 

@@ -437,6 +437,14 @@ def test_pinned_memory_is_left_out_beside_persistent_workers_and_reloads():
     never.trainer = dm.trainer
     assert never.eval_dataloader(dm.train_dataset, num_workers=0).pin_memory is False  # the override's choice
 
+    class AddsATimeout(IndexedDM):  # an override that leaves pinning alone: the default for the loader's workers
+        def loader_kwargs(self, dataset):
+            return {**super().loader_kwargs(dataset), "timeout": 60}
+
+    timeout = AddsATimeout(num_workers=0)
+    timeout.trainer = dm.trainer
+    assert timeout.eval_dataloader(dm.train_dataset, num_workers=2, persistent_workers=True).pin_memory is False
+
 
 def test_metadata_defaults():
     dm = IndexedDM()
@@ -610,15 +618,18 @@ class ScheduledIndexModule(IndexModule):
         return cosine_over_the_run(self)
 
 
-def full_and_resumed(tmp_path, step, make_datamodule, module=None, strategy=None):
+def full_and_resumed(tmp_path, step, make_datamodule, module=None, strategy=None, callbacks=None, **kwargs):
     """The indices each step saw in a 3-epoch run (checkpoints every 2 steps) and in one resumed from its
-    checkpoint at ``step`` (4 batches per epoch: 6 is mid-epoch 1, 8 its end); resuming must not restart an epoch."""
+    checkpoint at ``step`` (4 batches per epoch: 6 is mid-epoch 1, 8 its end); resuming must not restart an epoch.
+    ``callbacks``: makes a callback for the resumed run."""
 
     def run(ckpt_path=None, save=False):
         model = (module or ScheduledIndexModule)()
         extra = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)] if save else []
+        if callbacks is not None and not save:
+            extra.append(callbacks())
         more = {"strategy": strategy()} if strategy else {}
-        trainer(max_epochs=3, callbacks=extra, enable_checkpointing=save, **more).fit(
+        trainer(max_epochs=3, callbacks=extra, enable_checkpointing=save, **more, **kwargs).fit(
             model, datamodule=make_datamodule(), ckpt_path=ckpt_path
         )
         return model.seen
@@ -697,6 +708,49 @@ def test_a_batch_size_search_in_a_resumed_fit_trains_the_whole_epoch_as_lightnin
     t.fit(module, datamodule=dm, ckpt_path=str(tmp_path / "epoch=0-step=2.ckpt"))
     assert sorted(i for batch in module.seen for i in batch) == list(range(64))
     assert t.global_step == len(module.seen)
+
+
+class SearchesAtEpochStart(BatchSizeFinder):
+    """Lightning's finetuning pattern: no search at fit start, one at the start of chosen epochs."""
+
+    def __init__(self, milestones, **kwargs):
+        super().__init__(**kwargs)
+        self.milestones = milestones
+
+    def on_fit_start(self, trainer, pl_module):
+        return
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.current_epoch in self.milestones:
+            self.scale_batch_size(trainer, pl_module)
+
+
+def test_a_batch_size_finder_that_leaves_the_loops_resumed_keeps_the_position(tmp_path):
+    # at an epoch's start (the restore is over), and at fit start under a strategy that restores after its setup:
+    # Lightning's loops resume mid-epoch, so the data must (the loader is built before the restore, as in #20550)
+    def finder_at_epoch_start():
+        return SearchesAtEpochStart((10,), init_val=8, max_trials=1, steps_per_trial=1)
+
+    def dm():
+        return IndexedDM(n=32, batch_size=8, seed=0, num_workers=1)
+
+    full, resumed = full_and_resumed(tmp_path, 6, dm, callbacks=finder_at_epoch_start)
+    assert resumed == full[6:]
+    full, resumed = full_and_resumed(
+        tmp_path / "late",
+        6,
+        lambda: WithValidation(n=32, batch_size=8, seed=0, num_workers=1),
+        module=RecordsTheRealRunOnASchedule,
+        strategy=RestoresAfterSetup,
+        callbacks=lambda: BatchSizeFinder(init_val=8, max_val=8, max_trials=1, steps_per_trial=1),
+        limit_val_batches=0,
+    )
+    assert resumed == full[6:]
+
+
+class RecordsTheRealRunOnASchedule(ScheduledIndexModule):
+    def on_train_start(self):
+        self.seen.clear()  # a BatchSizeFinder's trials came before
 
 
 def test_a_resume_leaves_an_earlier_fits_loader_alone(tmp_path):

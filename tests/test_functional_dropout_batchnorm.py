@@ -425,6 +425,15 @@ def test_recalibration_skips_empty_batches_and_undoes_a_failed_forward():
     torch.testing.assert_close(net[1].running_mean, mean)
     assert recalibrate_batchnorm(net, [torch.randn(0, 1, 16, 16)]) == 0  # nothing to average: unchanged
     torch.testing.assert_close(net[1].running_mean, mean)
+    # inside a batch of the forward's own form too (it weighed the real batch 1/2 against mean 0, variance 1)
+    var = net[1].running_var.clone()
+    pairs = [(torch.randn(0, 1, 16, 16), 0), (b, 0)]
+    assert recalibrate_batchnorm(net, pairs, lambda m, batch: m(batch[0])) == 1
+    torch.testing.assert_close(net[1].running_mean, mean)
+    torch.testing.assert_close(net[1].running_var, var)
+    assert recalibrate_batchnorm(net, pairs[:1], lambda m, batch: m(batch[0])) == 0
+    torch.testing.assert_close(net[1].running_mean, mean)
+    assert not net[1]._forward_hooks  # its counting hooks go afterwards
 
     def failing(model, batch):
         if batch.shape[0] == 3:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from lightning_speedups.functional import (
     ResizePlan,
     crop_at,
+    crop_offsets,
     progressive_scale,
     ramp_resolution,
     resize_batch,
@@ -319,6 +320,13 @@ def test_resolution_size_keeps_the_shorter_side_after_rounding():
                     assert min(s) == res and (s[0] <= s[1]) == (h <= w), ((h, w), res, inc, s)
     with pytest.raises(ValueError, match="`size_increment` must be >= 1"):
         resolution_size((30, 40), 20, 0)
+
+
+def test_crop_offsets_and_ramp_resolution_refuse_what_has_no_meaning():
+    with pytest.raises(ValueError, match=r"`out_size` must be at least 1 x 1, got \(-1, 4\)"):
+        crop_offsets(2, (9, 9), (-1, 4))  # drew offsets past the image (10 for a 9-row image)
+    with pytest.raises(ValueError, match="`epoch` must be a number, got NaN"):
+        ramp_resolution(float("nan"), 160, 192, start_ramp=10, end_ramp=13)
 
 
 def test_crop_at_takes_any_leading_dims():

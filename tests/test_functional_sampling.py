@@ -425,6 +425,21 @@ def test_stochastic_round_of_a_scalar():
     assert fs.stochastic_round(np.float64(4.0), np.random.default_rng(0)).shape == ()
 
 
+def test_stochastic_round_refuses_values_that_are_not_finite():
+    # NaN and inf became the most negative int64, with a NumPy warning at best
+    for bad in (np.nan, np.inf, -np.inf):
+        with pytest.raises(ValueError, match="must be finite"):
+            fs.stochastic_round(np.array([1.5, bad]), np.random.default_rng(0))
+
+
+def test_shuffled_epoch_counts_need_one_per_sample():
+    # a single count broadcast over every sample, silently: samples 2 to 4 never appeared
+    with pytest.raises(ValueError, match=r"one count per sample, shape \(5,\); got \(1,\)"):
+        fs.shuffled_epoch(5, 12, seed=0, epoch=0, counts=np.array([2]))
+    with pytest.raises(ValueError, match="one count per sample"):
+        fs.shuffled_epoch(5, 12, seed=0, epoch=0, counts=[1, 2, 3])
+
+
 def test_rank_and_num_replicas_are_checked():
     with pytest.raises(ValueError, match=r"`rank` must be in \[0, 4\)"):
         fs.shuffled_epoch(5, 8, seed=0, epoch=0, rank=5, num_replicas=4)

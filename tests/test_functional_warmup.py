@@ -106,6 +106,7 @@ def test_factor_at_a_fractional_update_interpolates_the_ramp():
         (lambda: warmup_factor(-1, 4, 2.0), "step"),
         (lambda: warmup_factor(float("nan"), 4, 2.0), "step"),  # would be a NaN learning rate
         (lambda: warmup_factor(0, 4, 0.0), "scale"),
+        (lambda: warmup_factor(1, 4, float("inf")), "scale"),  # (inf - 1) x 0 in the ramp: NaN
         (lambda: warmup_factor(0, 4, 2.0, start="one"), "start"),
     ],
 )

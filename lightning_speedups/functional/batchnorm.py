@@ -159,6 +159,20 @@ def recalibrate_batchnorm(
     forward = forward or _call
     before = snapshot_batchnorm(model, tracked)
     used = 0
+    saw_samples = saw_empty = False
+
+    def uncount_empty(bn: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        # BatchNorm counts an input without samples as a batch (its statistics untouched): under the cumulative
+        # average that weighs the next batches against the reset mean 0 and variance 1
+        nonlocal saw_samples, saw_empty
+        if args and isinstance(args[0], Tensor) and args[0].numel() == 0:
+            saw_empty = True
+            if bn.num_batches_tracked is not None:
+                bn.num_batches_tracked.sub_(1)
+        else:
+            saw_samples = True
+
+    hooks = [bn.register_forward_hook(uncount_empty) for bn in tracked]
     try:
         with train_modes_kept(model), torch.no_grad():
             model.eval()
@@ -168,13 +182,16 @@ def recalibrate_batchnorm(
                 bn.training = True  # the flag only: a `train()` override that pins eval mode is not called
             for batch in (first, *batches):
                 if isinstance(batch, Tensor) and not batch.shape[0]:
-                    continue  # no samples: it would count as a batch of mean 0 and variance 1
+                    continue  # no samples: nothing to run
+                saw_samples = saw_empty = False
                 forward(model, batch)
-                used += 1
+                used += saw_samples or not saw_empty  # a batch (or dict, tuple) whose input held no samples is not one
     except BaseException:
         before.restore()  # all or nothing: not reset or half-updated statistics
         raise
     finally:
+        for hook in hooks:
+            hook.remove()
         for bn, momentum in zip(tracked, before.momenta, strict=True):
             bn.momentum = momentum
     missed = [i for i, bn in enumerate(tracked) if bn.num_batches_tracked is not None and not bn.num_batches_tracked]

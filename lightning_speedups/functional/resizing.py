@@ -82,6 +82,8 @@ def ramp_resolution(
         raise ValueError(f"`end_ramp` ({end_ramp}) must be >= `start_ramp` ({start_ramp}).")
     if round_to < 1:
         raise ValueError(f"`round_to` must be >= 1, got {round_to!r}.")
+    if epoch != epoch:  # NaN
+        raise ValueError("`epoch` must be a number, got NaN.")
     if epoch <= start_ramp:
         return int(min_res)
     if epoch >= end_ramp:
@@ -293,6 +295,8 @@ def crop_offsets(
     n: int, in_size: Size, out_size: Size, generator: torch.Generator | None = None
 ) -> tuple[Tensor, Tensor]:
     """Uniform top-left corners ``(tops, lefts)`` of ``n`` crops of ``out_size`` inside ``in_size``."""
+    if min(out_size) < 1:
+        raise ValueError(f"`out_size` must be at least 1 x 1, got {tuple(out_size)}.")
     if out_size[0] > in_size[0] or out_size[1] > in_size[1]:
         raise ValueError(f"A crop of {tuple(out_size)} does not fit in images of {tuple(in_size)}.")
     tops = torch.randint(in_size[0] - out_size[0] + 1, (n,), generator=generator)
@@ -304,7 +308,9 @@ def crop_at(x: Tensor, size: Size, tops: Tensor, lefts: Tensor) -> Tensor:
     """Crop sample ``i`` of ``(N, ..., H, W)`` at ``(tops[i], lefts[i])`` to ``size``; any dtype.
 
     Any number of dims may sit between the batch and ``H, W`` (none for masks, ``C`` for images, ``C, D`` for
-    volumes). A channels_last image batch stays channels_last.
+    volumes). A channels_last image batch stays channels_last. Each crop must lie inside the image (offsets
+    ``>= 0``, as :func:`crop_offsets` draws them): not checked, which would wait for the device, and a negative
+    offset counts from the far edge, as tensor indices do.
     """
     if x.ndim < 3:
         raise ValueError(f"`x` must be (N, ..., H, W) with at least 3 dims, got shape {tuple(x.shape)}.")

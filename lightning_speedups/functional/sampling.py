@@ -290,6 +290,8 @@ def stochastic_round(values: np.ndarray, generator: np.random.Generator) -> np.n
     ``values`` may be an array or a scalar (which gives a 0-d array).
     """
     v = np.asarray(values, dtype=np.float64)
+    if not np.isfinite(v).all():  # NaN and inf would become the most negative int64
+        raise ValueError("`values` must be finite: found NaN or infinity.")
     if v.ndim == 0:  # a scalar: ufuncs with out= need arrays
         return stochastic_round(v.reshape(1), generator).reshape(())
     frac = np.floor(v)
@@ -365,6 +367,8 @@ def shuffled_epoch(
     if length < 0:
         raise ValueError(f"`length` must be >= 0, got {length}.")
     dtype = index_dtype(num_samples - 1)  # of the sample indices returned
+    if counts is not None and np.shape(counts) != (num_samples,):  # a shorter one would broadcast, silently
+        raise ValueError(f"`counts` must hold one count per sample, shape ({num_samples},); got {np.shape(counts)}.")
     size = num_samples if counts is None else int(np.sum(counts))
     if size == 0:
         raise ValueError("Cannot build an epoch list without samples.")

@@ -160,8 +160,8 @@ def warmup_factor(step: float, warmup_steps: int, scale: float, start: WarmupSta
         raise ValueError(f"`step` must be >= 0, got {step!r}.")
     if not warmup_steps >= 0:
         raise ValueError(f"`warmup_steps` must be >= 0, got {warmup_steps!r}.")
-    if not scale > 0:
-        raise ValueError(f"`scale` must be > 0, got {scale!r}.")
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"`scale` must be finite and > 0, got {scale!r}.")
     if start not in WARMUP_STARTS:  # checked before the ramp's end too: a typo fails at once, not at update 1
         raise ValueError(f"`start` must be one of {WARMUP_STARTS}, got {start!r}.")
     if step >= warmup_steps:
