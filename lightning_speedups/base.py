@@ -209,6 +209,16 @@ def _clock(trainer: pl.Trainer) -> int:
     return int(trainer.global_step)
 
 
+def continued_from(trainer: pl.Trainer) -> tuple[int, int] | None:
+    """``(epoch, steps taken)`` where a fit goes on from steps already taken at an epoch's start (a later ``fit``
+    on the same trainer, a resume from an epoch-end checkpoint): the run's length is those steps, then the current
+    loader's for the epochs left. ``None`` for a fit from the start, or while a mid-epoch resume restarts."""
+    loop, clock = trainer.fit_loop, _clock(trainer)
+    if clock > 0 and not (loop.restarting or loop.epoch_loop.restarting):
+        return int(trainer.current_epoch), clock
+    return None
+
+
 def _manual_progress(trainer: pl.Trainer, epochs_bound: float | None = None) -> float:
     """Progress under manual optimization, where Lightning's global step counts the optimizer steps the module
     takes (every optimizer's, however many per batch): batches against the ``max_epochs`` bound, global steps
@@ -397,11 +407,11 @@ class SpeedupCallback(Callback):
                 return
         if not reloaded:
             self._anchor = (0, 0.0)
-            loop, clock = trainer.fit_loop, _clock(trainer)
-            if clock > 0 and not (loop.restarting or loop.epoch_loop.restarting):
-                # a later `fit` on this trainer (`max_epochs` raised): the steps taken, then this loader's length
-                # for the epochs left (the earlier epochs' loader may have had another)
-                length = {"from_epoch": trainer.current_epoch, "steps_before": clock}
+            start = continued_from(trainer)
+            if start is not None:
+                # a later `fit` on this trainer (`max_epochs` raised), or a resume at an epoch's end: the steps
+                # taken, then this loader's length for the epochs left (the earlier epochs' may have had another)
+                length = {"from_epoch": start[0], "steps_before": start[1]}
                 if bound is not None:
                     self._epochs_bound = run_length(trainer, with_max_steps=False, batches=batches, **length)
                 self._set_length(trainer, batches, **length, with_max_steps=True)  # as a first fit's

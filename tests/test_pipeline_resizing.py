@@ -356,6 +356,34 @@ def test_factory_transforms_work_on_pil_images():
     assert sizes == [(16, 16)] * 4 + [(24, 24)] * 4  # 24 * 0.5 = 12 -> 16 (multiple of 8), then full 24
 
 
+def test_a_fit_that_goes_on_from_steps_taken_stays_on_the_schedule(tmp_path):
+    # a second fit with a loader of another length, and a resume from the epoch-end checkpoint of an epoch cut
+    # by max_steps: steps taken, then this loader's length (the pipeline counted every epoch at the current length)
+    model = PipelineRecorder()
+    cb = ProgressiveResizing(0.25, 0.0, 0.0, mode="pipeline", validation="full", size_increment=1)
+    t = trainer(callbacks=[cb], max_epochs=2, limit_val_batches=0)
+    t.fit(model, datamodule=PipelineData(n=64, num_workers=1))  # 8 batches per epoch
+    t.fit_loop.max_epochs = 4
+    model.steps.clear()
+    t.fit(model, datamodule=PipelineData(n=32, num_workers=1))  # then 4: 16 + 8 steps
+    assert len(model.steps) == 8 and model.steps[-1][2] == (16, 16)
+    assert all(size == on_device for _, size, on_device, _ in model.steps)
+
+    saver = ModelCheckpoint(dirpath=tmp_path)  # saves at the end of the cut epoch
+    cut = ProgressiveResizing(0.25, 0.0, 0.0, mode="pipeline", validation="full", size_increment=1)
+    trainer(callbacks=[cut, saver], max_epochs=3, max_steps=12, limit_val_batches=0, enable_checkpointing=True).fit(
+        PipelineRecorder(), datamodule=PipelineData(n=64, num_workers=1)
+    )  # stops 4 batches into epoch 1; Lightning resumes at epoch 2, step 12
+    model = PipelineRecorder()
+    resumed = ProgressiveResizing(0.25, 0.0, 0.0, mode="pipeline", validation="full", size_increment=1)
+    (ckpt,) = tmp_path.glob("*.ckpt")
+    trainer(callbacks=[resumed], max_epochs=3, limit_val_batches=0).fit(
+        model, datamodule=PipelineData(n=64, num_workers=1), ckpt_path=str(ckpt)
+    )
+    assert [step for step, *_ in model.steps] == list(range(12, 20))
+    assert all(size == on_device for _, size, on_device, _ in model.steps)
+
+
 def test_resume_mid_epoch_continues_at_the_same_sizes(tmp_path):
     def run(ckpt_path=None, save=False):
         seed_everything(5)

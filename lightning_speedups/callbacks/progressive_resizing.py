@@ -23,6 +23,7 @@ from lightning_speedups.base import (
     SpeedupCallback,
     accumulation,
     cap_by_max_steps,
+    continued_from,
     epoch_steps,
     run_length,
     training_epochs,
@@ -496,9 +497,12 @@ class ProgressiveResizing(SpeedupCallback):
         self._wrapped_loader = True
         return ResolutionDataset(dataset), wrapped
 
-    def _steps(self, trainer: pl.Trainer, loader_batches: int) -> tuple[int, float]:
+    def _steps(
+        self, trainer: pl.Trainer, loader_batches: int, start: tuple[int, int] | None = None
+    ) -> tuple[int, float]:
         """(training batches per epoch, total steps), as the on-device schedule counts them (the total with each
-        epoch's own accumulation, as :func:`~lightning_speedups.base.run_length`).
+        epoch's own accumulation, as :func:`~lightning_speedups.base.run_length`; from ``start``, ``(epoch, steps
+        taken)``, where the fit goes on from steps taken).
 
         Needed before Lightning knows them: with workers, the first batches are requested while the training
         loader is being set up. ``on_train_start`` checks the result against the trainer's own numbers.
@@ -507,7 +511,12 @@ class ProgressiveResizing(SpeedupCallback):
         batches = min(loader_batches, int(limit)) if isinstance(limit, int) else int(loader_batches * limit)
         max_epochs = training_epochs(trainer)
         max_epochs = max_epochs if max_epochs is not None else -1
-        total: float = math.inf if max_epochs == -1 else float(epoch_steps(trainer, batches, range(max(max_epochs, 1))))
+        first, taken = start if start is not None else (0, 0)
+        total: float = (
+            math.inf
+            if max_epochs == -1
+            else float(taken + epoch_steps(trainer, batches, range(first, max(max_epochs, 1))))
+        )
         return batches, cap_by_max_steps(trainer, total)
 
     def _plan_for_batch(self, trainer: pl.Trainer, loader_batches: int, epoch: int, batch: int) -> ResizePlan:
@@ -519,12 +528,25 @@ class ProgressiveResizing(SpeedupCallback):
             return self.plan_at(0.0, epoch)
         # per batch, so the epoch counts are worked out once per loader length and epoch, and per run length: a
         # tuner trial with a loader built before it (`estimated_stepping_batches` in `configure_optimizers`) runs
-        # with its own max_steps and limits, which must not stay cached for the real run
-        key = (loader_batches, epoch, trainer.max_steps, trainer.max_epochs, trainer.limit_train_batches)
+        # with its own max_steps and limits, which must not stay cached for the real run.
+        # A fit that goes on from steps taken (a later `fit`, a resume at an epoch's end) counts, as the on-device
+        # schedule, those steps, then this loader's length (earlier epochs may have run fewer batches, or had
+        # another length): read at the fit's first plan, its first epoch's start (later plans are drawn while
+        # training runs), with the epoch that plan is for (Lightning's current epoch may be one cut by max_steps)
+        if "_fit_start" not in self.__dict__:
+            start = continued_from(trainer)
+            self._fit_start = None if start is None else (epoch, start[1])
+        start = self._fit_start if self._fit_start is not None and self._fit_start[0] <= epoch else None
+        key = (loader_batches, epoch, trainer.max_steps, trainer.max_epochs, trainer.limit_train_batches, start)
         counts = self._epoch_counts.get(key)
         if counts is None:
-            batches, total = self._steps(trainer, loader_batches)
-            counts = self._epoch_counts[key] = (epoch_steps(trainer, batches, range(epoch)), total, batches)
+            batches, total = self._steps(trainer, loader_batches, start)
+            first, taken = start if start is not None else (0, 0)
+            counts = self._epoch_counts[key] = (
+                taken + epoch_steps(trainer, batches, range(first, epoch)),
+                total,
+                batches,
+            )
         before, total, batches = counts
         state = self.__dict__  # the callback's schedule, unless a reload run's workers draw before the hooks set it
         if trainer.reload_dataloaders_every_n_epochs:
@@ -546,6 +568,7 @@ class ProgressiveResizing(SpeedupCallback):
             return
         self._cache.clear()
         self._epoch_counts.clear()
+        self.__dict__.pop("_fit_start", None)  # where this fit goes on from: read at its first plan
         self._checked = False
         self._trained_bn, self._bn_modes_stale, self._warned_unreached = [], True, False
         self._settled = False
