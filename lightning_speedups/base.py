@@ -397,7 +397,7 @@ class SpeedupCallback(Callback):
         epoch = trainer.current_epoch if epoch is None else epoch
         # under manual optimization progress also reads the max_epochs bound in batches: worked out here, once
         bound = run_length(trainer, with_max_steps=False, batches=batches) if _counts_batches(trainer) else None
-        self._epochs_bound = bound
+        previous_bound, self._epochs_bound = self.__dict__.get("_epochs_bound"), bound
         self._length_key = _loader_key(trainer, epoch)  # what the length holds for
         if reloaded and self._total_steps is not None:
             used = batches if batches is not None else trainer.num_training_batches
@@ -421,6 +421,7 @@ class SpeedupCallback(Callback):
         # A loader reloaded at this epoch's start, maybe with another length: the progress reached stands, and
         # the rest of the run (the steps taken so far, then the new length) spreads the remainder
         self._refreshing = True  # `progress` reads the progress reached, and starts no other refresh
+        self._epochs_bound = previous_bound  # reached under the old loader's bound (manual optimization)
         try:
             # an unbounded run (`max_time` only, a stream without `max_steps`) has no progress to keep: its
             # callbacks that follow progress say so when they read it, the others must not fail here
@@ -428,14 +429,16 @@ class SpeedupCallback(Callback):
             reached = self.progress(trainer) if known else 0.0
         finally:
             self._refreshing = False
+            self._epochs_bound = bound
         clock = _clock(trainer)
         self._anchor = (clock, reached) if reached > 0.0 else (0, 0.0)
         self._anchor_epoch = epoch  # the epoch that starts at the anchor's step
         in_steps = not _counts_batches(trainer)  # in batches (manual optimization), max_steps counts other units
         self._set_length(trainer, batches, from_epoch=epoch, steps_before=clock, with_max_steps=in_steps)
         if not math.isfinite(self._total_steps) and not in_steps:
-            # no `max_epochs` bound (or a loader with no length): `max_steps` alone bounds the run, whose share
-            # `progress` reads
+            # no `max_epochs` bound (or a loader with no length): `max_steps` alone bounds the run, and progress is
+            # its share (global steps; the anchor counts batches, which may take more or fewer steps each)
+            self._anchor = (0, 0.0)
             self._set_length(trainer, batches, from_epoch=epoch, steps_before=clock, with_max_steps=True)
 
     def _set_length(self, trainer: pl.Trainer, batches: int | None, **length: Any) -> None:

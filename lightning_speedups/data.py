@@ -376,9 +376,9 @@ def _restoring_checkpoint(trainer: pl.Trainer | None) -> bool:
 
 
 def _searches_before_the_loops_resume(trainer: pl.Trainer | None) -> bool:
-    """Whether a ``BatchSizeFinder`` searches at fit start, between the restore of the datamodule and that of
-    Lightning's loops, which its own restore then leaves at the run's start. Not one that searches at an epoch's
-    start (Lightning's finetuning pattern), nor under a strategy that restores the checkpoint after its setup."""
+    """Whether Lightning's own ``BatchSizeFinder`` searches at fit start, between the restore of the datamodule
+    and that of the loops (not under a strategy that restores the checkpoint after its setup). A subclass that
+    searches at fit start too is seen when its trials begin (:meth:`SpeedupDataModule._in_finder_trial`)."""
     if trainer is None or getattr(getattr(trainer, "strategy", None), "restore_checkpoint_after_setup", False):
         return False
     return any(
@@ -740,12 +740,18 @@ class SpeedupDataModule(pl.LightningDataModule):
         checkpoint being restored, if any (consumed once)."""
         self._train_loader = weakref.ref(loader)  # not kept alive (nor its workers) by the datamodule
         pending = self.__dict__.get("_pending_loader_state")
-        if pending and _restoring_checkpoint(self.trainer):
+        if pending and _restoring_checkpoint(self.trainer) and not self._in_finder_trial():
             # kept for every loader built while the checkpoint is restored: one built only for its length (in
             # `configure_optimizers`) may come before the one that trains
             loader.load_state_dict(pending)
         else:
             self._pending_loader_state = None
+
+    def _in_finder_trial(self) -> bool:
+        """Whether a ``BatchSizeFinder`` present at the restore is searching now (Lightning takes the callbacks
+        out for its trials)."""
+        finders, trainer = self.__dict__.get("_finders", ()), self.trainer
+        return bool(finders) and trainer is not None and not any(cb is f for f in finders for cb in trainer.callbacks)
 
     # A resumed run gets the loader's position from the checkpoint twice: here, from the datamodule's own entry
     # (restored before the strategy's setup), and from Lightning's loop state (restored after it). Lightning's
@@ -767,9 +773,12 @@ class SpeedupDataModule(pl.LightningDataModule):
         fitting = self.trainer is None or self.trainer.state.fn == TrainerFn.FITTING
         # validate/test/predict(ckpt_path=...) restore it too, but build no training loader to take it
         self._pending_loader_state = state_dict.get(_LOADER_STATE) if fitting else None
-        if _searches_before_the_loops_resume(self.trainer):
-            # a BatchSizeFinder's trials restore a checkpoint of their own, which leaves Lightning's loops at the
-            # run's start (the resumed training state is lost): the loader it trains with starts there too
+        # a BatchSizeFinder that searches before the loops are restored (at fit start) restores a checkpoint of
+        # its own after its trials, which leaves Lightning's loops at the run's start (the resumed training state
+        # is lost): the loaders built in its trials, the one it trains with among them, start there too
+        trainer = self.trainer
+        self._finders = tuple(cb for cb in trainer.callbacks if isinstance(cb, BatchSizeFinder)) if trainer else ()
+        if _searches_before_the_loops_resume(trainer):  # the stock finder: not even the loader built before it
             self._pending_loader_state = None
         ref = self.__dict__.get("_train_loader")
         loader = ref() if ref is not None else None
@@ -799,6 +808,7 @@ class SpeedupDataModule(pl.LightningDataModule):
         state = dict(self.__dict__)
         state.pop("_train_loader", None)
         state.pop("_pending_loader_state", None)
+        state.pop("_finders", None)
         return state
 
     def eval_dataloader(

@@ -198,6 +198,30 @@ class StepsEverySecondBatch(RecordingModule):
             self.optimizers().zero_grad()
 
 
+class GrowingStepsEverySecondBatch(StepsEverySecondBatch):
+    def train_dataloader(self):
+        return loaders(n=64 if self.current_epoch == 0 else 128)[0]
+
+
+class GrowsAtEpoch2BothEveryBatch(BothEveryBatch):
+    def train_dataloader(self):
+        return loaders(n=64 if self.current_epoch < 2 else 128)[0]
+
+
+def test_a_reload_under_manual_optimization_neither_runs_ahead_nor_goes_back():
+    # a step every second batch, max_steps alone: progress reached 1 at step 5 of 10 (batches counted as steps)
+    probe = ProgressProbe()
+    t = trainer(callbacks=[probe], max_steps=10, max_epochs=-1, reload_dataloaders_every_n_epochs=1)
+    t.fit(GrowingStepsEverySecondBatch())
+    assert t.global_step == 10
+    assert [p for _, p in probe.seen] == pytest.approx([step / 10 for step, _ in probe.seen])
+    # the max_epochs bound: the progress reached at the reload was read under the new loader's bound (0.5 -> 0.25)
+    probe = ProgressProbe()
+    trainer(callbacks=[probe], max_epochs=4, reload_dataloaders_every_n_epochs=1).fit(GrowsAtEpoch2BothEveryBatch())
+    seen = [p for _, p in probe.seen]
+    assert seen == sorted(seen) and seen[8] == pytest.approx(0.5) and seen[-1] > 0.95
+
+
 def test_progress_under_manual_optimization_that_steps_every_second_batch():
     probe = ProgressProbe()
     t = trainer(callbacks=[probe], max_epochs=2)

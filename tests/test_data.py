@@ -694,7 +694,13 @@ class RecordsTheRealRun(IndexModule):
         self.seen.clear()  # a BatchSizeFinder's trials came before
 
 
-def test_a_batch_size_search_in_a_resumed_fit_trains_the_whole_epoch_as_lightnings_loops_do(tmp_path):
+class SaysItSearches(BatchSizeFinder):
+    def on_fit_start(self, trainer, pl_module):
+        super().on_fit_start(trainer, pl_module)  # still searches at fit start
+
+
+@pytest.mark.parametrize("finder", [BatchSizeFinder, SaysItSearches], ids=["lightnings", "a-subclass"])
+def test_a_batch_size_search_in_a_resumed_fit_trains_the_whole_epoch_as_lightnings_loops_do(tmp_path, finder):
     # the finder's trials restore a checkpoint of their own, after which Lightning's loops start at step 0: the data
     # must too (the position of the resumed checkpoint, kept for every loader, skipped batches nobody counted)
     saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
@@ -702,8 +708,9 @@ def test_a_batch_size_search_in_a_resumed_fit_trains_the_whole_epoch_as_lightnin
         IndexModule(), datamodule=WithValidation(n=64, batch_size=8, seed=0)
     )
     module = RecordsTheRealRun()
-    finder = BatchSizeFinder(mode="power", steps_per_trial=1, init_val=8, max_trials=2)
-    t = trainer(max_epochs=1, callbacks=[finder], limit_val_batches=0)
+    t = trainer(
+        max_epochs=1, callbacks=[finder(mode="power", steps_per_trial=1, init_val=8, max_trials=2)], limit_val_batches=0
+    )
     dm = WithValidation(n=64, batch_size=8, seed=0)  # the finder resets the validation loaders too
     t.fit(module, datamodule=dm, ckpt_path=str(tmp_path / "epoch=0-step=2.ckpt"))
     assert sorted(i for batch in module.seen for i in batch) == list(range(64))

@@ -167,7 +167,9 @@ def recalibrate_batchnorm(
         nonlocal saw_samples, saw_empty
         if args and isinstance(args[0], Tensor) and args[0].numel() == 0:
             saw_empty = True
-            if bn.num_batches_tracked is not None:
+            # a SyncBatchNorm of several processes takes the other processes' statistics even here: a batch
+            synced = isinstance(bn, nn.SyncBatchNorm) and _distributed()
+            if bn.num_batches_tracked is not None and not synced:
                 bn.num_batches_tracked.sub_(1)
         else:
             saw_samples = True
@@ -199,6 +201,14 @@ def recalibrate_batchnorm(
     if unreached is not None:
         unreached.extend(tracked[i] for i in missed)
     return used
+
+
+def _distributed() -> bool:
+    return (
+        torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size() > 1
+    )
 
 
 def pool_batchnorm_statistics(
