@@ -377,6 +377,9 @@ class SpeedupCallback(Callback):
                 length = self.__dict__.get("_loaded_length")
                 if length is not None:  # under this trainer's bounds, which a resumed run may have changed
                     self._total_steps = run_length(trainer, **length)
+                    if _counts_batches(trainer):  # the bound the progress reached at a reload is read under
+                        bound_args = {k: v for k, v in length.items() if k != "with_max_steps"}
+                        self._epochs_bound = run_length(trainer, with_max_steps=False, **bound_args)
                 self._length_batches = (length or {}).get("batches")  # the checkpoint's loader's, not this one's
                 self._length_args = dict(length) if length is not None else None
                 # the last epoch the saved schedule held for: its anchor's, or a later one of the same length

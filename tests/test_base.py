@@ -174,6 +174,29 @@ class GrowingBothEveryBatch(BothEveryBatch):
         return loaders(n=64 if self.current_epoch == 0 else 128)[0]
 
 
+class GrowsAfterTwoEpochsBothEveryBatch(BothEveryBatch):
+    def train_dataloader(self):
+        return loaders(n=64 if self.trainer.fit_loop.epoch_progress.current.processed < 2 else 128)[0]
+
+
+def test_a_manual_optimization_run_resumed_at_an_epochs_end_before_a_reload_continues_the_same_progress(tmp_path):
+    # 4, 4, 8, 8 batches; resumed from the end of epoch 1: the progress reached at the reload is read under the
+    # checkpoint's bound, as the uninterrupted run read it (it was read under this fit's, 1/3 where 1/2 was due)
+    def run(ckpt=None):
+        probe = ProgressProbe()
+        saver = ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, save_on_train_epoch_end=True)
+        extra = [] if ckpt else [saver]
+        trainer(
+            callbacks=[probe, *extra], max_epochs=4, reload_dataloaders_every_n_epochs=1, enable_checkpointing=not ckpt
+        ).fit(GrowsAfterTwoEpochsBothEveryBatch(), ckpt_path=ckpt)
+        return probe.seen
+
+    full = run()
+    resumed = run(str(tmp_path / "epoch=1-step=16.ckpt"))
+    assert [step for step, _ in resumed] == [step for step, _ in full[8:]]
+    assert [p for _, p in resumed] == pytest.approx([p for _, p in full[8:]]) and resumed[0][1] == 0.5
+
+
 def test_a_reload_under_manual_optimization_bounded_by_max_steps_alone_keeps_a_length():
     # 4 then 8 batches per epoch, two optimizers: 12 batches make the 24 steps; refused as a run of no length
     probe = ProgressProbe()
