@@ -737,7 +737,7 @@ class SpeedupDataModule(pl.LightningDataModule):
 
     def _adopt_train_loader(self, loader: ResumableDataLoader) -> None:
         """Make ``loader`` the training loader whose position checkpoints record, and hand it the position of the
-        checkpoint being restored, if any (consumed once)."""
+        checkpoint being restored, if any (every loader built while it is restored, but a finder trial's)."""
         self._train_loader = weakref.ref(loader)  # not kept alive (nor its workers) by the datamodule
         pending = self.__dict__.get("_pending_loader_state")
         if pending and _restoring_checkpoint(self.trainer) and not self._in_finder_trial():
@@ -782,7 +782,6 @@ class SpeedupDataModule(pl.LightningDataModule):
             self._pending_loader_state = None
         ref = self.__dict__.get("_train_loader")
         loader = ref() if ref is not None else None
-        trainer = self.trainer
         if (
             self._pending_loader_state
             and loader is not None
