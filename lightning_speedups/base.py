@@ -410,16 +410,14 @@ class SpeedupCallback(Callback):
                 return
         if not reloaded:
             self._anchor = (0, 0.0)
-            start = continued_from(trainer)
-            if start is not None:
-                # a later `fit` on this trainer (`max_epochs` raised), or a resume at an epoch's end: the steps
-                # taken, then this loader's length for the epochs left (the earlier epochs' may have had another)
-                length = {"from_epoch": start[0], "steps_before": start[1]}
-                if bound is not None:
-                    self._epochs_bound = run_length(trainer, with_max_steps=False, batches=batches, **length)
-                self._set_length(trainer, batches, **length, with_max_steps=True)  # as a first fit's
-                return
-            self._set_length(trainer, batches, from_epoch=0, steps_before=0, with_max_steps=True)
+            # a later `fit` on this trainer (`max_epochs` raised), or a resume at an epoch's end: the steps taken,
+            # then this loader's length for the epochs left (the earlier epochs' may have had another)
+            first, taken = continued_from(trainer) or (0, 0)
+            if bound is not None and taken:
+                self._epochs_bound = run_length(
+                    trainer, with_max_steps=False, batches=batches, from_epoch=first, steps_before=taken
+                )
+            self._set_length(trainer, batches, from_epoch=first, steps_before=taken, with_max_steps=True)
             return
         # A loader reloaded at this epoch's start, maybe with another length: the progress reached stands, and
         # the rest of the run (the steps taken so far, then the new length) spreads the remainder

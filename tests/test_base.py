@@ -169,14 +169,15 @@ def test_a_second_fit_bounded_by_max_steps_alone_under_manual_optimization_has_a
     assert [p for _, p in probe.seen] == pytest.approx([step / 16 for step, _ in probe.seen])
 
 
-class GrowingBothEveryBatch(BothEveryBatch):
-    def train_dataloader(self):
-        return loaders(n=64 if self.current_epoch == 0 else 128)[0]
+def growing(module_cls, from_epoch=1):
+    """``module_cls`` whose training loader (reloaded every epoch) has 4 batches before ``from_epoch``, 8 after."""
 
+    class Growing(module_cls):
+        def train_dataloader(self):
+            epoch = self.trainer.fit_loop.epoch_progress.current.processed  # the epoch starting, resumed ones too
+            return loaders(n=64 if epoch < from_epoch else 128)[0]
 
-class GrowsAfterTwoEpochsBothEveryBatch(BothEveryBatch):
-    def train_dataloader(self):
-        return loaders(n=64 if self.trainer.fit_loop.epoch_progress.current.processed < 2 else 128)[0]
+    return Growing
 
 
 def test_a_manual_optimization_run_resumed_at_an_epochs_end_before_a_reload_continues_the_same_progress(tmp_path):
@@ -188,22 +189,13 @@ def test_a_manual_optimization_run_resumed_at_an_epochs_end_before_a_reload_cont
         extra = [] if ckpt else [saver]
         trainer(
             callbacks=[probe, *extra], max_epochs=4, reload_dataloaders_every_n_epochs=1, enable_checkpointing=not ckpt
-        ).fit(GrowsAfterTwoEpochsBothEveryBatch(), ckpt_path=ckpt)
+        ).fit(growing(BothEveryBatch, from_epoch=2)(), ckpt_path=ckpt)
         return probe.seen
 
     full = run()
     resumed = run(str(tmp_path / "epoch=1-step=16.ckpt"))
     assert [step for step, _ in resumed] == [step for step, _ in full[8:]]
     assert [p for _, p in resumed] == pytest.approx([p for _, p in full[8:]]) and resumed[0][1] == 0.5
-
-
-def test_a_reload_under_manual_optimization_bounded_by_max_steps_alone_keeps_a_length():
-    # 4 then 8 batches per epoch, two optimizers: 12 batches make the 24 steps; refused as a run of no length
-    probe = ProgressProbe()
-    t = trainer(callbacks=[probe], max_steps=24, max_epochs=-1, reload_dataloaders_every_n_epochs=1)
-    t.fit(GrowingBothEveryBatch())
-    assert t.global_step == 24
-    assert [p for _, p in probe.seen] == pytest.approx([step / 24 for step, _ in probe.seen])
 
 
 class StepsEverySecondBatch(RecordingModule):
@@ -221,26 +213,25 @@ class StepsEverySecondBatch(RecordingModule):
             self.optimizers().zero_grad()
 
 
-class GrowingStepsEverySecondBatch(StepsEverySecondBatch):
-    def train_dataloader(self):
-        return loaders(n=64 if self.current_epoch == 0 else 128)[0]
-
-
-class GrowsAtEpoch2BothEveryBatch(BothEveryBatch):
-    def train_dataloader(self):
-        return loaders(n=64 if self.current_epoch < 2 else 128)[0]
-
-
-def test_a_reload_under_manual_optimization_neither_runs_ahead_nor_goes_back():
-    # a step every second batch, max_steps alone: progress reached 1 at step 5 of 10 (batches counted as steps)
+@pytest.mark.parametrize(
+    ("module", "max_steps"), [(BothEveryBatch, 24), (StepsEverySecondBatch, 10)], ids=["two-a-batch", "every-second"]
+)
+def test_a_reload_under_manual_optimization_bounded_by_max_steps_alone_follows_its_share(module, max_steps):
+    # 4 then 8 batches per epoch: refused as a run of no length; then, stepping every second batch, at 1.0 from step
+    # 5 of 10 (batches counted as steps)
     probe = ProgressProbe()
-    t = trainer(callbacks=[probe], max_steps=10, max_epochs=-1, reload_dataloaders_every_n_epochs=1)
-    t.fit(GrowingStepsEverySecondBatch())
-    assert t.global_step == 10
-    assert [p for _, p in probe.seen] == pytest.approx([step / 10 for step, _ in probe.seen])
+    t = trainer(callbacks=[probe], max_steps=max_steps, max_epochs=-1, reload_dataloaders_every_n_epochs=1)
+    t.fit(growing(module)())
+    assert t.global_step == max_steps
+    assert [p for _, p in probe.seen] == pytest.approx([step / max_steps for step, _ in probe.seen])
+
+
+def test_a_reload_under_manual_optimization_reads_the_progress_reached_under_the_old_bound():
     # the max_epochs bound: the progress reached at the reload was read under the new loader's bound (0.5 -> 0.25)
     probe = ProgressProbe()
-    trainer(callbacks=[probe], max_epochs=4, reload_dataloaders_every_n_epochs=1).fit(GrowsAtEpoch2BothEveryBatch())
+    trainer(callbacks=[probe], max_epochs=4, reload_dataloaders_every_n_epochs=1).fit(
+        growing(BothEveryBatch, from_epoch=2)()
+    )
     seen = [p for _, p in probe.seen]
     assert seen == sorted(seen) and seen[8] == pytest.approx(0.5) and seen[-1] > 0.95
 

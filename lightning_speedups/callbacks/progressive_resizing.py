@@ -497,9 +497,7 @@ class ProgressiveResizing(SpeedupCallback):
         self._wrapped_loader = True
         return ResolutionDataset(dataset), wrapped
 
-    def _steps(
-        self, trainer: pl.Trainer, loader_batches: int, start: tuple[int, int] | None = None
-    ) -> tuple[int, float]:
+    def _steps(self, trainer: pl.Trainer, loader_batches: int, start: tuple[int, int] = (0, 0)) -> tuple[int, float]:
         """(training batches per epoch, total steps), as the on-device schedule counts them (the total with each
         epoch's own accumulation, as :func:`~lightning_speedups.base.run_length`; from ``start``, ``(epoch, steps
         taken)``, where the fit goes on from steps taken).
@@ -511,7 +509,7 @@ class ProgressiveResizing(SpeedupCallback):
         batches = min(loader_batches, int(limit)) if isinstance(limit, int) else int(loader_batches * limit)
         max_epochs = training_epochs(trainer)
         max_epochs = max_epochs if max_epochs is not None else -1
-        first, taken = start if start is not None else (0, 0)
+        first, taken = start
         total: float = (
             math.inf
             if max_epochs == -1
@@ -536,17 +534,13 @@ class ProgressiveResizing(SpeedupCallback):
         if "_fit_start" not in self.__dict__:
             start = continued_from(trainer)
             self._fit_start = None if start is None else (epoch, start[1])
-        start = self._fit_start if self._fit_start is not None and self._fit_start[0] <= epoch else None
+        start = self._fit_start if self._fit_start is not None and self._fit_start[0] <= epoch else (0, 0)
         key = (loader_batches, epoch, trainer.max_steps, trainer.max_epochs, trainer.limit_train_batches, start)
         counts = self._epoch_counts.get(key)
         if counts is None:
             batches, total = self._steps(trainer, loader_batches, start)
-            first, taken = start if start is not None else (0, 0)
-            counts = self._epoch_counts[key] = (
-                taken + epoch_steps(trainer, batches, range(first, epoch)),
-                total,
-                batches,
-            )
+            before = start[1] + epoch_steps(trainer, batches, range(start[0], epoch))
+            counts = self._epoch_counts[key] = (before, total, batches)
         before, total, batches = counts
         state = self.__dict__  # the callback's schedule, unless a reload run's workers draw before the hooks set it
         if trainer.reload_dataloaders_every_n_epochs:
