@@ -181,10 +181,21 @@ def load_object(path: str, what: str) -> Any:
             f"--{what} {path!r}: importing module {module_name!r} failed with {type(err).__name__}: {err}; "
             f"fix the module (`python -c 'import {module_name}'` shows the traceback)."
         ) from err
+    except SystemExit as err:  # a training script's top level run on import: its argparse or sys.exit
+        raise CompareError(_exits_on_import(f"--{what} {path!r}", module_name, err)) from err
     try:
         return getattr(module, attr)
     except AttributeError as err:
         raise CompareError(f"--{what} {path!r}: module {module_name!r} has no attribute {attr!r}.") from err
+
+
+def _exits_on_import(flag: str, module_name: str, err: SystemExit) -> str:
+    """The message for a module that calls ``sys.exit`` (or parses the command line) as it is imported."""
+    return (
+        f"{flag}: importing module {module_name!r} called sys.exit({err.code!r}): its top level runs a script "
+        '(parses the command line, trains, exits). Put that under `if __name__ == "__main__":` so that '
+        "importing it only defines the classes."
+    )
 
 
 def _split_args(spec: str, text: str) -> list[str]:
@@ -245,9 +256,11 @@ def _parse_spec(spec: str) -> tuple[type[Callback], dict[str, Any]]:
             if isinstance(err.__cause__, ModuleNotFoundError)
             else ""
         )
-        raise CompareError(f"--callback {spec!r}: {err}{where}") from err
+        raise CompareError(_sentence(f"--callback {spec!r}: {err}") + where) from err
     except Exception as err:  # the callback's module failed as it was imported (a SyntaxError, say)
         raise CompareError(f"--callback {spec!r}: importing it raised {type(err).__name__}: {err}") from err
+    except SystemExit as err:
+        raise CompareError(_exits_on_import(f"--callback {spec!r}", name.strip(), err)) from err
     kwargs: dict[str, Any] = {}
     for item in _split_args(spec, arg_text):
         key, eq, raw = item.partition("=")
@@ -293,7 +306,9 @@ def _factories(cfg: CompareConfig) -> tuple[Callable[[], pl.LightningModule], Ca
                 if not where and ("argument" in str(err))
                 else ""
             )
-            raise CompareError(f"Could not build the {what} {cls.__name__}({_fmt(args)}): {err}{where}{hint}") from err
+            raise CompareError(
+                _sentence(f"Could not build the {what} {cls.__name__}({_fmt(args)}): {err}{where}") + hint
+            ) from err
 
     return (lambda: make(model_cls, cfg.model_args, "model")), (lambda: make(dm_cls, cfg.datamodule_args, "datamodule"))
 
@@ -465,6 +480,17 @@ def _lower_is_better(metric: str) -> bool:
     )
 
 
+def _missing_folders(output: Path) -> list[Path]:
+    """``output`` and those of its parents that do not exist yet, innermost first: what :func:`_check_output`
+    creates."""
+    missing = []
+    for folder in (output, *output.absolute().parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    return missing
+
+
 def _check_output(output: Path) -> None:
     """Make ``output`` and write a probe file there now, not after the training: a folder that cannot hold the
     report must not cost the runs."""
@@ -558,14 +584,17 @@ def _run(
         try:
             datamodule = make_dm()
             trainer.fit(make_model(), datamodule=datamodule)
-        except SystemExit:
-            # Lightning turns Ctrl-C inside `fit` into `sys.exit(1)`, its notice silenced here, and leaves Ctrl-C
-            # ignored: say it was interrupted (the command's status 130), with Ctrl-C as it was
-            if trainer.interrupted:
+        except SystemExit as err:
+            # Lightning turns Ctrl-C inside `fit` into `sys.exit(1)` (raised while it handles the
+            # KeyboardInterrupt), its notice silenced here, and leaves Ctrl-C ignored: say it was interrupted (the
+            # command's status 130), with Ctrl-C as it was. Any other exit is the user's code calling sys.exit.
+            if trainer.interrupted and isinstance(err.__context__, KeyboardInterrupt):
                 with contextlib.suppress(ValueError, TypeError):  # not the main thread; a handler set from C
                     signal.signal(signal.SIGINT, sigint)
                 raise KeyboardInterrupt from None
-            raise
+            raise CompareError(
+                _sentence(f"the {arm!r} run stopped: the code it ran called sys.exit({err.code!r}){_raised_at(err)}")
+            ) from err
     except MissingMetricError as err:
         # e.g. the shortened baseline, ended before the first epoch in which the model logs the metric
         raise CompareError(
@@ -586,8 +615,7 @@ def _run(
                 f"(`lightning-speedups presets {cfg.preset or DEFAULT_PRESET}` shows the preset's)."
             )
         raise CompareError(
-            _sentence(f"the {arm!r} run could not start or stopped: {type(err).__name__}: {err}{_raised_at(err)}")
-            + notes
+            _sentence(f"the {arm!r} run could not start or stopped: {_error_text(err)}{_raised_at(err)}") + notes
         ) from err
     except CompareError:
         raise  # ours, already a message (the model or datamodule could not be built)
@@ -601,9 +629,7 @@ def _run(
                 " compare trains without a logger, so `self.logger` is None there: guard its use with "
                 "`if self.logger is not None`."
             )
-        raise CompareError(
-            _sentence(f"the {arm!r} run stopped: {type(err).__name__}: {err}{_raised_at(err)}") + notes
-        ) from err
+        raise CompareError(_sentence(f"the {arm!r} run stopped: {_error_text(err)}{_raised_at(err)}") + notes) from err
     if not meter.history and not (warmup and meter.validations):
         # no metric to compare: the table would be all NaN, and results.json invalid JSON
         raise CompareError(
@@ -679,12 +705,14 @@ def _sentence(text: str) -> str:
 
 
 def _user_frame(err: BaseException) -> traceback.FrameSummary | None:
-    """The innermost frame of the user's code in ``err``'s traceback: outside this package, the frameworks and the
-    standard library, preferring one outside installed packages (a model installed as a package is the user's
-    too, when nothing else is); None where there is none (our callbacks' and Lightning's own errors say what is
-    wrong in their message)."""
+    """The innermost frame of the user's code in ``err``'s traceback (for an error in a DataLoader worker, the
+    worker's traceback that torch puts in the message): outside this package, the frameworks and the standard
+    library, preferring one outside installed packages (a model installed as a package is the user's too, when
+    nothing else is); None where there is none (our callbacks' and Lightning's own errors say what is wrong in
+    their message)."""
+    worker = _worker_error(err)
     frames = []
-    for f in traceback.extract_tb(err.__traceback__):
+    for f in traceback.extract_tb(err.__traceback__) if worker is None else worker[1]:
         path = str(Path(f.filename).resolve())
         installed = any(part in path for part in _INSTALLED)
         if path.startswith(_NOT_USERS) or (path.startswith(_STDLIB) and not installed) or f.filename[:1] == "<":
@@ -692,6 +720,39 @@ def _user_frame(err: BaseException) -> traceback.FrameSummary | None:
         frames.append((installed, f))
     local = [f for installed, f in frames if not installed]
     return (local or [f for _, f in frames] or [None])[-1]
+
+
+_WORKER_HEADER = re.compile(r"Caught (\w+) in (DataLoader worker process \d+)\.\s*\nOriginal Traceback")
+_FRAME_LINE = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>.+)$')
+
+
+def _worker_error(err: BaseException) -> tuple[str, list[traceback.FrameSummary]] | None:
+    """For an error raised in a DataLoader worker (torch re-raises it in the main process with the worker's whole
+    traceback as its message): ``(its last line plus which worker, the worker's frames)``; None for any other."""
+    text = str(err.args[0]) if len(err.args) == 1 else ""
+    header = _WORKER_HEADER.match(text)
+    if header is None:
+        return None
+    lines = text.splitlines()
+    frames, last = [], 0
+    for i, line in enumerate(lines):
+        match = _FRAME_LINE.match(line)
+        if match:
+            code = lines[i + 1].strip() if i + 1 < len(lines) and lines[i + 1].startswith("    ") else None
+            frames.append(traceback.FrameSummary(match["file"], int(match["line"]), match["name"], line=code))
+            last = i
+    # the exception's own lines: the first unindented line after the last frame, and the rest
+    rest = lines[last + 1 :]
+    start = next((i for i, line in enumerate(rest) if line and not line[0].isspace()), len(rest))
+    message = " ".join(line.strip() for line in rest[start:] if line.strip()) or header[1]
+    return f"{message} (in {header[2]})", frames
+
+
+def _error_text(err: BaseException) -> str:
+    """``"Type: message"``, the message of an error in a DataLoader worker cut to its last line, not torch's
+    multi-line traceback (whose frame in the user's code :func:`_raised_at` names)."""
+    worker = _worker_error(err)
+    return f"{type(err).__name__}: {err}" if worker is None else worker[0]
 
 
 def _raised_at(err: BaseException) -> str:
@@ -763,16 +824,17 @@ def run_comparison(cfg: CompareConfig, out: TextIO | None = None) -> Report:
     cfg = replace(cfg, precision=_precisions().get(given, given))
     make_model, make_dm = _factories(cfg)
     label, make_callbacks, extra = _recipe(cfg)
-    made_output = cfg.output is not None and not cfg.output.exists()
+    made = [] if cfg.output is None else _missing_folders(cfg.output)
     if cfg.output is not None:  # after the other checks: a typo in a preset or path leaves no folder behind
         _check_output(cfg.output)
     try:
         runs = _run_arms(cfg, label, make_model, make_dm, make_callbacks, extra)
         if cfg.target is None:
             _default_target(runs, cfg.metric)  # every baseline run diverged: the error, before any report
-    except BaseException:  # a run that failed (or Ctrl-C): no empty report folder left behind
-        if made_output and cfg.output is not None and cfg.output.is_dir() and not any(cfg.output.iterdir()):
-            cfg.output.rmdir()
+    except BaseException:  # a run that failed (or Ctrl-C): no empty report folder (nor its new parents) left
+        for folder in made:  # innermost first
+            with contextlib.suppress(OSError):  # not empty (something else wrote there), or gone already
+                folder.rmdir()
         raise
     own = extra.get("precision")  # a preset that fixes its own precision trains its arm in it
     recipe_precision = None if own is None else _precisions().get(str(own), str(own))

@@ -634,11 +634,31 @@ class BrokenStep(ImageClassifier):
     def training_step(self, batch, batch_idx):
         return {}["image"]  # a bug of the user's, in a step
 
+class ExitsInStep(ImageClassifier):
+    def training_step(self, batch, batch_idx):
+        import sys
+
+        sys.exit("bad config")  # the user's own way of stopping, not Ctrl-C
+
 from lightning.pytorch.callbacks import Callback
 
 class Interrupt(Callback):
     def on_train_batch_start(self, *args):
         raise KeyboardInterrupt  # Ctrl-C during training
+
+from lightning_speedups.demo import DigitsDataModule
+
+class Missing(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return {}["missing"]  # a bug of the user's, in the data
+
+class BrokenData(DigitsDataModule):
+    def setup(self, stage):
+        super().setup(stage)
+        self.train_dataset = Missing()
 """
 
 
@@ -1134,3 +1154,45 @@ def test_small_flop_counts_are_printed_in_a_unit_that_shows_them():
         text = format_report(Report(config=config, recipe="recipe", target=0.9, summaries=summaries, runs=runs))
         assert f"| train {unit} |" in text and f"| {unit} to target |" in text
         assert f"| recipe | 0.9000 | 2.0 | 2.0 | {shown} | 8 |" in text
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_error_in_the_users_data_is_one_line_with_its_place_whether_or_not_a_worker_loads_it(
+    tmp_path, monkeypatch, capsys, workers
+):
+    # in a worker, torch re-raises it with the worker's whole traceback as its message: that was printed, 12 lines
+    # of traceback and no "raised at"
+    _write_module(tmp_path, monkeypatch, "unusual_models", UNUSUAL_MODELS)
+    data = [
+        "--datamodule",
+        "unusual_models:BrokenData",
+        "--datamodule-args",
+        json.dumps({"size": 8, "num_workers": workers}),
+    ]
+    args = [*TINY[:2], *TINY[4:6], *data, *TINY[8:], "--repeats", "1", "--output", str(tmp_path / "o")]
+    assert main(["compare", *args]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    where = r" \(in DataLoader worker process 0\)" if workers else ""
+    assert re.search(rf"KeyError: 'missing'{where} \(raised at .*unusual_models.py:\d+, in __getitem__\)\.", err), err
+
+
+def test_a_module_that_exits_as_it_is_imported_or_during_a_run_is_a_message(tmp_path, monkeypatch, capsys):
+    # SystemExit is no Exception: a training script without a __main__ guard ended compare with status 0 and no
+    # report, and sys.exit in a step was reported as Ctrl-C (status 130, the user's message lost)
+    _write_module(tmp_path, monkeypatch, "script_like", "import sys\n\nsys.exit(0)\n")
+    out = tmp_path / "nested" / "o"
+    for given in (["--model", "script_like:Net", *TINY[2:4]], [*TINY[:4], "--callback", "script_like:Cb"]):
+        assert main(["compare", *given, *TINY[8:], "--output", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "importing module 'script_like' called sys.exit(0)" in err and '__name__ == "__main__"' in err, err
+    _write_module(tmp_path, monkeypatch, "unusual_models", UNUSUAL_MODELS)
+    args = ["--model", "unusual_models:ExitsInStep", *TINY[2:4], *TINY[8:], "--repeats", "1", "--output", str(out)]
+    assert main(["compare", *args]) == 2
+    err = capsys.readouterr().err
+    assert re.search(
+        r"the 'baseline' run stopped: the code it ran called sys.exit\('bad config'\) \(raised at "
+        r".*unusual_models.py:\d+, in training_step\)\.",
+        err,
+    ), err
+    assert not (tmp_path / "nested").exists()  # the failed run's folder, and the parent it made, are gone
