@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import BatchSizeFinder, Callback
 from lightning.pytorch.strategies import ParallelStrategy
@@ -79,7 +80,8 @@ class Preset:
         summary: one line saying what it is for.
         description: what it contains and why.
         factory: ``factory(**overrides) -> list[Callback]``.
-        trainer: Trainer settings the recipe needs beyond precision and strategy.
+        trainer: Trainer settings the recipe needs beyond precision and strategy (it may fix those too); not
+            ``accelerator``, ``devices`` or ``callbacks``, which are the user's and the preset's callbacks.
         requires: what the user's code must provide (e.g. a ``SpeedupDataModule``).
         callbacks: the ``(class name, arguments)`` specs of a declarative preset (empty for a function).
     """
@@ -273,18 +275,27 @@ def _check_trainer_settings(name: str, settings: Mapping[str, Any]) -> None:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise TypeError(f"Preset {name!r}: `trainer` has {key!r}, which is not a `pl.Trainer` argument.{hint}")
+        if key in _NOT_A_PRESETS:
+            raise TypeError(f"Preset {name!r}: `trainer` has {key!r}; {_NOT_A_PRESETS[key]}")
+
+
+#: Trainer settings a preset cannot fix: the user's hardware (from which `get` recommends precision and strategy,
+#: and which a preset's own value would override against its recommendation) and its callbacks
+_NOT_A_PRESETS = {
+    "accelerator": "the accelerator is the user's (`get(name, accelerator=...)`), and sets the recommended precision.",
+    "devices": "the devices are the user's (`get(name, devices=...)`), and set the recommended strategy.",
+    "callbacks": "list the preset's callbacks as its callbacks (a declaration or its function), not as a Trainer "
+    "setting.",
+}
 
 
 def _registered_again(old: Preset, new: Preset) -> bool:
     """Whether ``new`` is ``old`` registered again: the same declaration, or a function preset from the same
     function of the same module (a reload makes a new function object)."""
     if old.callbacks or new.callbacks:  # declarative: the same declaration, setting for setting
-        return (old.callbacks, old.summary, old.description, dict(old.trainer), old.requires) == (
-            new.callbacks,
-            new.summary,
-            new.description,
-            dict(new.trainer),
-            new.requires,
+        return _same(
+            (old.callbacks, old.summary, old.description, dict(old.trainer), old.requires),
+            (new.callbacks, new.summary, new.description, dict(new.trainer), new.requires),
         )
     where = _where(old)
     return (
@@ -294,6 +305,23 @@ def _registered_again(old: Preset, new: Preset) -> bool:
         and not where.startswith(f"{__name__}.")
         and "<" not in where  # not a lambda or a closure, which many presets may share
     )
+
+
+def _same(a: Any, b: Any) -> bool:
+    """``a == b`` through containers, arrays and tensors compared element for element (``==`` on them is an
+    array, whose truth value raises)."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and bool(np.array_equal(a, b))
+    try:
+        return bool(a == b)
+    except Exception:  # an `==` with no truth value (another array type): not known to be the same
+        return False
 
 
 def _where(preset: Preset) -> str:

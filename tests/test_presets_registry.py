@@ -112,6 +112,18 @@ def test_decorator_registers_a_function_preset(registry):
     presets.register(declarative("mix-smooth", "s", "d", [("MixUp", {"alpha": 0.2})]))  # declared again: fine
     with pytest.raises(ValueError, match="'mix-smooth' exists already"):
         presets.register(declarative("mix-smooth", "s", "d", [("MixUp", {"alpha": 0.4})]))
+    # a declaration with an array argument, declared again (a notebook cell run twice): raised "the truth value of
+    # an array is ambiguous"; one with other values is still another preset
+    for make in (np.arange, torch.arange):
+        scores = [("CurriculumOrdering", {"difficulty": make(5) / 5})]
+        presets.register(declarative(f"paced-{make.__module__}", "s", "d", scores), overwrite=True)
+        presets.register(
+            declarative(f"paced-{make.__module__}", "s", "d", [("CurriculumOrdering", {"difficulty": make(5) / 5})])
+        )
+        with pytest.raises(ValueError, match="exists already"):
+            presets.register(
+                declarative(f"paced-{make.__module__}", "s", "d", [("CurriculumOrdering", {"difficulty": make(6) / 6})])
+            )
     with pytest.raises(ValueError, match="only declarative presets export to YAML"):
         presets.to_yaml("team-recipe")
 
@@ -800,6 +812,11 @@ def test_a_presets_trainer_settings_must_be_trainer_arguments(registry):
     with pytest.raises(TypeError, match=r"Preset 'typo-trainer': `trainer` has 'max_epoch'.*Did you mean 'max_epochs'"):
         presets.register(declarative("typo-trainer", "s", "d", [("MixUp", {})], trainer={"max_epoch": 3}))
     assert "typo-trainer" not in presets._REGISTRY
+    # the user's hardware and the preset's callbacks: the preset's value overrode `get(accelerator=..., devices=...)`
+    # while precision and strategy followed the user's (1 GPU with `ddp` and a CPU precision)
+    for key, value in [("accelerator", "gpu"), ("devices", 1), ("callbacks", [])]:
+        with pytest.raises(TypeError, match=rf"Preset 'fixed': `trainer` has '{key}'; "):
+            presets.register(declarative("fixed", "s", "d", [("MixUp", {})], trainer={key: value}))
 
 
 def test_presets_is_reachable_as_an_attribute_of_the_package():
