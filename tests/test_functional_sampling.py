@@ -38,6 +38,11 @@ def test_label_formats_agree():
     np.testing.assert_allclose(fs.repeat_factors([[int(i)] for i in ids], 0.5), expected)
     multi_hot = np.eye(3, dtype=bool)[ids]
     np.testing.assert_allclose(fs.repeat_factors(multi_hot, 0.5), expected)
+    # a dtype NumPy lacks (raised "unsupported ScalarType BFloat16"), and class ids held as 0-d tensors or arrays
+    # (refused: "Class ids must be integers, got tensor(0)")
+    np.testing.assert_allclose(fs.repeat_factors(torch.from_numpy(multi_hot).bfloat16(), 0.5), expected)
+    np.testing.assert_allclose(fs.repeat_factors([[torch.tensor(int(i))] for i in ids], 0.5), expected)
+    np.testing.assert_allclose(fs.repeat_factors([[np.array(i)] for i in ids], 0.5), expected)
     # sparse, large class ids give the same factors as their compact equivalents
     np.testing.assert_allclose(fs.repeat_factors(ids * 10**9, 0.5), expected)
 

@@ -499,6 +499,14 @@ def test_difficulty_from_an_array_or_the_datamodule():
     np.testing.assert_array_equal(reverse, from_dm[::-1])
     anti = CurriculumOrdering(anti_curriculum=True).compute_order(dm, dm.train_dataset)
     np.testing.assert_array_equal(anti, from_dm[::-1])
+    # bfloat16 scores (a loss computed under bf16-mixed): raised "unsupported ScalarType BFloat16"; so did tasks
+    bf16 = CurriculumOrdering(difficulty=torch.arange(80, 0, -1, dtype=torch.bfloat16)).compute_order(
+        dm, dm.train_dataset
+    )
+    np.testing.assert_array_equal(bf16, np.arange(80)[::-1])
+    tasks = torch.arange(80, dtype=torch.bfloat16) % 2
+    by_task = CurriculumOrdering(tasks=tasks, task_order=[1, 0]).compute_order(dm, dm.train_dataset)
+    assert (np.arange(80)[by_task[:40]] % 2 == 1).all()
     hard = np.arange(80) % 4 == 0  # a flag per sample: the flagged ones come last
     flagged = CurriculumOrdering(difficulty=hard).compute_order(dm, dm.train_dataset)
     assert not hard[flagged[:60]].any() and hard[flagged[60:]].all()

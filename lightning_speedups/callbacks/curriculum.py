@@ -264,7 +264,7 @@ class CurriculumOrdering(SpeedupCallback):
     # ------------------------------------------------------------------ difficulty and order
     def _checked(self, values: Any, name: str, size: int, *, finite: bool = True) -> np.ndarray:
         if hasattr(values, "detach"):
-            values = values.detach().cpu().numpy()
+            values = fs.tensor_numpy(values)
         arr = np.asarray(values)
         if arr.ndim != 1 or len(arr) != size:
             raise ValueError(

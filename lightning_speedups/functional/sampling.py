@@ -138,9 +138,19 @@ def _names_hint(value: Any) -> str:
     return _NAMES_HINT if isinstance(value, str) else ""
 
 
+def tensor_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """``tensor`` as a NumPy array on the CPU; a dtype NumPy lacks (bfloat16, float8) as float32, which holds its
+    values exactly."""
+    tensor = tensor.detach().cpu()
+    try:
+        return tensor.numpy()
+    except TypeError:  # "Got unsupported ScalarType BFloat16"
+        return tensor.float().numpy()
+
+
 def _as_array(labels: Any) -> np.ndarray | None:
     if hasattr(labels, "detach"):  # torch tensor
-        labels = labels.detach().cpu().numpy()
+        labels = tensor_numpy(labels)
     if isinstance(labels, np.ndarray):
         return labels
     if isinstance(labels, Sequence) and not isinstance(labels, str):
@@ -164,13 +174,18 @@ def _is_int(value: Any) -> bool:
 
 def _as_list(item: Any) -> list[Any]:
     if hasattr(item, "detach"):
-        item = item.detach().cpu().numpy()
+        item = tensor_numpy(item)
     if isinstance(item, np.ndarray):
         return item.reshape(-1).tolist()
     if _is_int(item) or isinstance(item, float | np.floating):  # `_class_ids` takes whole-number floats
         return [item]
     if isinstance(item, Sequence | set | frozenset) and not isinstance(item, str):
-        return list(item)
+        # class ids held as 0-d tensors or arrays (`[tensor(2), tensor(3)]`): their numbers
+        return [
+            value
+            for entry in item
+            for value in (_as_list(entry) if hasattr(entry, "detach") or isinstance(entry, np.ndarray) else [entry])
+        ]
     raise TypeError(
         f"Each sample's labels must be a class id or a sequence of class ids, got {item!r}.{_names_hint(item)}"
     )
