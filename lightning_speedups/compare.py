@@ -42,7 +42,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from lightning_speedups import presets
 from lightning_speedups.meter import Checkpoint, MissingMetricError, TrainingMeter
@@ -480,32 +480,46 @@ def _lower_is_better(metric: str) -> bool:
     )
 
 
-def _missing_folders(output: Path) -> list[Path]:
-    """``output`` and those of its parents that do not exist yet, innermost first: what :func:`_check_output`
-    creates."""
-    missing = []
-    for folder in (output, *output.absolute().parents):
-        if folder.exists():
-            break
-        missing.append(folder)
-    return missing
+def _make_folders(output: Path) -> list[Path]:
+    """Make ``output`` and its missing parents, outermost first, one level at a time; those made, innermost
+    first. By the path as given, not as it resolves: ``new/../pre`` needs ``new`` (made, and listed), while
+    ``pre``, there before, is not listed (``Path.exists`` says False of a path through a missing folder)."""
+    made: list[Path] = []
+    for folder in reversed((output, *output.parents)):
+        if not folder.exists():
+            try:
+                folder.mkdir()
+            except FileExistsError:  # made meanwhile by someone else: not ours to remove
+                continue
+            made.insert(0, folder)
+    return made
 
 
-def _check_output(output: Path) -> None:
+def _remove_folders(folders: list[Path]) -> None:
+    """Remove ``folders`` (innermost first) where they are still empty."""
+    for folder in folders:
+        with contextlib.suppress(OSError):  # not empty (something else wrote there), or gone already
+            folder.rmdir()
+
+
+def _check_output(output: Path) -> list[Path]:
     """Make ``output`` and write a probe file there now, not after the training: a folder that cannot hold the
-    report must not cost the runs."""
+    report must not cost the runs. Returns the folders it made (innermost first), for a failed run to remove."""
     probe = output / f".lightning-speedups-probe-{os.getpid()}"
+    made: list[Path] = []
     try:
-        output.mkdir(parents=True, exist_ok=True)
+        made = _make_folders(output)
         probe.write_bytes(b"")
         probe.unlink()
         for name in REPORT_FILES:
             if (output / name).exists() and not (output / name).is_file():
                 raise IsADirectoryError(f"{str(output / name)!r} is in the way of the report's {name}")
     except OSError as err:
+        _remove_folders(made)
         raise CompareError(
             f"--output {str(output)!r} cannot be a folder for the report ({err}); give a writable folder."
         ) from err
+    return made
 
 
 # ------------------------------------------------------------------------------------------ running
@@ -588,7 +602,9 @@ def _run(
             # Lightning turns Ctrl-C inside `fit` into `sys.exit(1)` (raised while it handles the
             # KeyboardInterrupt), its notice silenced here, and leaves Ctrl-C ignored: say it was interrupted (the
             # command's status 130), with Ctrl-C as it was. Any other exit is the user's code calling sys.exit.
-            if trainer.interrupted and isinstance(err.__context__, KeyboardInterrupt):
+            if trainer.interrupted and (
+                isinstance(err.__context__, KeyboardInterrupt) or isinstance(err, SIGTERMException)
+            ):  # Ctrl-C, or a SIGTERM (a `timeout`, a scheduler), which Lightning raises as a SystemExit too
                 with contextlib.suppress(ValueError, TypeError):  # not the main thread; a handler set from C
                     signal.signal(signal.SIGINT, sigint)
                 raise KeyboardInterrupt from None
@@ -623,8 +639,10 @@ def _run(
         notes = "".join(f" {note}" for note in getattr(err, "__notes__", []))
         line = getattr(_user_frame(err), "line", None) or ""
         # the hint only where the failed attribute is read from a logger on the user's line (`self.logger.x`)
-        used = rf"\bloggers?\s*(\[[^\]]*\])?\s*\.\s*{re.escape(str(getattr(err, 'name', '') or ''))}\b"
-        if isinstance(err, AttributeError) and "'NoneType'" in str(err) and re.search(used, line):
+        # (an AttributeError rebuilt from a DataLoader worker's has no name: no hint, whatever its line reads)
+        name = str(getattr(err, "name", "") or "")
+        used = rf"\bloggers?\s*(\[[^\]]*\])?\s*\.\s*{re.escape(name)}\b"
+        if isinstance(err, AttributeError) and name and "'NoneType'" in str(err) and re.search(used, line):
             notes += (
                 " compare trains without a logger, so `self.logger` is None there: guard its use with "
                 "`if self.logger is not None`."
@@ -824,17 +842,14 @@ def run_comparison(cfg: CompareConfig, out: TextIO | None = None) -> Report:
     cfg = replace(cfg, precision=_precisions().get(given, given))
     make_model, make_dm = _factories(cfg)
     label, make_callbacks, extra = _recipe(cfg)
-    made = [] if cfg.output is None else _missing_folders(cfg.output)
-    if cfg.output is not None:  # after the other checks: a typo in a preset or path leaves no folder behind
-        _check_output(cfg.output)
+    # after the other checks: a typo in a preset or path leaves no folder behind
+    made = [] if cfg.output is None else _check_output(cfg.output)
     try:
         runs = _run_arms(cfg, label, make_model, make_dm, make_callbacks, extra)
         if cfg.target is None:
             _default_target(runs, cfg.metric)  # every baseline run diverged: the error, before any report
     except BaseException:  # a run that failed (or Ctrl-C): no empty report folder (nor its new parents) left
-        for folder in made:  # innermost first
-            with contextlib.suppress(OSError):  # not empty (something else wrote there), or gone already
-                folder.rmdir()
+        _remove_folders(made)
         raise
     own = extra.get("precision")  # a preset that fixes its own precision trains its arm in it
     recipe_precision = None if own is None else _precisions().get(str(own), str(own))

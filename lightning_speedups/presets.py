@@ -310,14 +310,26 @@ def _registered_again(old: Preset, new: Preset) -> bool:
 def _same(a: Any, b: Any) -> bool:
     """``a == b`` through containers, arrays and tensors compared element for element (``==`` on them is an
     array, whose truth value raises)."""
+    if a is b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)):
+        return True  # as `==` on a tuple found the same NaN object the same; two NaN settings are one setting
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and (a.shape, a.dtype, a.device) == (b.shape, b.dtype, b.device)
+            and bool(((a == b) | (a.isnan() & b.isnan())).all())
+        )
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and bool(np.array_equal(a, b))
+        if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
+            return False
+        try:
+            return bool(np.array_equal(a, b, equal_nan=True))
+        except TypeError:  # a dtype with no NaN test (strings, objects)
+            return bool(np.array_equal(a, b))
     try:
         return bool(a == b)
     except Exception:  # an `==` with no truth value (another array type): not known to be the same

@@ -655,10 +655,28 @@ class Missing(torch.utils.data.Dataset):
     def __getitem__(self, i):
         return {}["missing"]  # a bug of the user's, in the data
 
+class NoneMeta(Missing):
+    import logging
+
+    logger, meta = logging.getLogger("data"), None
+
+    def __getitem__(self, i):
+        self.logger.debug("%s", self.meta.size)  # a bug of the user's: meta is None, the logger is fine
+
 class BrokenData(DigitsDataModule):
+    def __init__(self, dataset="Missing", **kwargs):
+        super().__init__(**kwargs)
+        self.dataset = dataset
+
     def setup(self, stage):
         super().setup(stage)
-        self.train_dataset = Missing()
+        self.train_dataset = globals()[self.dataset]()
+
+class Terminated(Callback):
+    def on_train_batch_start(self, *args):
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        raise SIGTERMException  # as Lightning raises it on a SIGTERM (`timeout`, a scheduler)
 """
 
 
@@ -1157,24 +1175,26 @@ def test_small_flop_counts_are_printed_in_a_unit_that_shows_them():
 
 
 @pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize(
+    ("dataset", "error"), [("Missing", "KeyError: 'missing'"), ("NoneMeta", "AttributeError: .* attribute 'size'")]
+)
 def test_an_error_in_the_users_data_is_one_line_with_its_place_whether_or_not_a_worker_loads_it(
-    tmp_path, monkeypatch, capsys, workers
+    tmp_path, monkeypatch, capsys, workers, dataset, error
 ):
     # in a worker, torch re-raises it with the worker's whole traceback as its message: that was printed, 12 lines
     # of traceback and no "raised at"
     _write_module(tmp_path, monkeypatch, "unusual_models", UNUSUAL_MODELS)
-    data = [
-        "--datamodule",
-        "unusual_models:BrokenData",
-        "--datamodule-args",
-        json.dumps({"size": 8, "num_workers": workers}),
-    ]
+    dm_args = {"dataset": dataset, "size": 8, "num_workers": workers}
+    data = ["--datamodule", "unusual_models:BrokenData", "--datamodule-args", json.dumps(dm_args)]
     args = [*TINY[:2], *TINY[4:6], *data, *TINY[8:], "--repeats", "1", "--output", str(tmp_path / "o")]
     assert main(["compare", *args]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     where = r" \(in DataLoader worker process 0\)" if workers else ""
-    assert re.search(rf"KeyError: 'missing'{where} \(raised at .*unusual_models.py:\d+, in __getitem__\)\.", err), err
+    assert re.search(rf"{error}{where} \(raised at .*unusual_models.py:\d+, in __getitem__\)\.$", err.strip()), err
+    # the logger hint is for `self.logger` of a LightningModule only: a worker's error named no attribute, and the
+    # hint came for any line that mentions `logger.`
+    assert "without a logger" not in err
 
 
 def test_a_module_that_exits_as_it_is_imported_or_during_a_run_is_a_message(tmp_path, monkeypatch, capsys):
@@ -1196,3 +1216,18 @@ def test_a_module_that_exits_as_it_is_imported_or_during_a_run_is_a_message(tmp_
         err,
     ), err
     assert not (tmp_path / "nested").exists()  # the failed run's folder, and the parent it made, are gone
+    # a path through a folder the run makes and `..`: `pre`, there before, stays (it was taken for one made)
+    (tmp_path / "pre").mkdir()
+    monkeypatch.chdir(tmp_path)
+    args[-1] = "new/../pre/o"
+    assert main(["compare", *args]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith("_")) == [
+        "pre"
+    ] and not any((tmp_path / "pre").iterdir())
+
+
+def test_a_sigterm_during_training_is_an_interruption_not_the_users_exit(tmp_path, monkeypatch, capsys):
+    # Lightning raises SIGTERMException, a SystemExit: taken for `sys.exit(None)` in the user's code
+    _write_module(tmp_path, monkeypatch, "unusual_models", UNUSUAL_MODELS)
+    assert main(["compare", *TINY, "--callback", "unusual_models:Terminated", "--output", str(tmp_path / "o")]) == 130
+    assert "interrupted: no report written." in capsys.readouterr().err

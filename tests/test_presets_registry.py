@@ -114,6 +114,18 @@ def test_decorator_registers_a_function_preset(registry):
         presets.register(declarative("mix-smooth", "s", "d", [("MixUp", {"alpha": 0.4})]))
     # a declaration with an array argument, declared again (a notebook cell run twice): raised "the truth value of
     # an array is ambiguous"; one with other values is still another preset
+    # NaN settings (one object or two): the same declaration (the same NaN object was, until arrays were compared
+    # element-wise)
+    nan_preset = [("CurriculumOrdering", {"difficulty": np.array([0.0, np.nan])})]
+    presets.register(declarative("with-nan", "s", "d", nan_preset))
+    presets.register(
+        declarative(
+            "with-nan",
+            "s",
+            "d",
+            [("CurriculumOrdering", {"difficulty": np.array([0.0, np.nan])})],
+        )
+    )
     for make in (np.arange, torch.arange):
         scores = [("CurriculumOrdering", {"difficulty": make(5) / 5})]
         presets.register(declarative(f"paced-{make.__module__}", "s", "d", scores), overwrite=True)
