@@ -782,7 +782,7 @@ def section(quick: bool, out_dir: Path) -> str:
         f"{aa * 1e6:+.0f} µs (from {aa_lo * 1e6:+.0f} to {aa_hi * 1e6:+.0f} µs over the rounds), so whole-loop "
         "differences of that size are noise on this machine. **transform_batch alone**: the seam call on one "
         f"batch outside the Trainer (median of interleaved samples of {ALONE_CALLS} calls).",
-        f"- Goals (issue 7): every callback at most 1% of a step ({GOAL_PCT * plain * 1e6:.0f} µs of the "
+        f"- Goals: every callback at most 1% of a step ({GOAL_PCT * plain * 1e6:.0f} µs of the "
         f"{plain * 1e6:,.0f} µs plain step) and under {GOAL_INACTIVE_S * 1e6:.0f} µs per step when inactive, "
         "Lightning's dispatch included. The plain step is the median over rounds of both plain arms' step times "
         f"(the plain Trainer's and the identical A/A's; alone, their medians are "

@@ -129,7 +129,7 @@ def section(quick: bool, out_dir: Path) -> str:
             "",
             common.machine_line(info),
             f"- {epochs} epochs of the demo ResNet on digits (32 x 32), Composer's schedule shape with the settings "
-            "issue 3 measured (initial scale 0.5, delay 0.4, finetune 0.2; Composer's default delay is 0.5), "
+            "that showed the problem (initial scale 0.5, delay 0.4, finetune 0.2; Composer's default delay is 0.5), "
             f"validation every half epoch, once per `validation` setting. Ran in {elapsed:.0f} s.",
             "- *Model at training size* and *at full size* are computed independently on the whole validation "
             "set; the last columns are what the callback logged as `val_acc` with each setting.",
