@@ -485,13 +485,17 @@ def _make_folders(output: Path) -> list[Path]:
     first. By the path as given, not as it resolves: ``new/../pre`` needs ``new`` (made, and listed), while
     ``pre``, there before, is not listed (``Path.exists`` says False of a path through a missing folder)."""
     made: list[Path] = []
-    for folder in reversed((output, *output.parents)):
-        if not folder.exists():
-            try:
-                folder.mkdir()
-            except FileExistsError:  # made meanwhile by someone else: not ours to remove
-                continue
-            made.insert(0, folder)
+    try:
+        for folder in reversed((output, *output.parents)):
+            if not folder.exists():
+                try:
+                    folder.mkdir()
+                except FileExistsError:  # made meanwhile by someone else: not ours to remove
+                    continue
+                made.insert(0, folder)
+    except BaseException:  # a level it cannot make (a file in the way, a name too long): none left behind
+        _remove_folders(made)
+        raise
     return made
 
 
@@ -514,7 +518,7 @@ def _check_output(output: Path) -> list[Path]:
         for name in REPORT_FILES:
             if (output / name).exists() and not (output / name).is_file():
                 raise IsADirectoryError(f"{str(output / name)!r} is in the way of the report's {name}")
-    except OSError as err:
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
         _remove_folders(made)
         raise CompareError(
             f"--output {str(output)!r} cannot be a folder for the report ({err}); give a writable folder."

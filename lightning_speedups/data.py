@@ -35,6 +35,7 @@ from torch.utils.data import (
 
 from lightning_speedups import _checks
 from lightning_speedups.base import SpeedupWarning
+from lightning_speedups.functional.sampling import tensor_numpy
 
 
 @runtime_checkable
@@ -418,13 +419,14 @@ def dataset_labels(dataset: Dataset) -> np.ndarray | Sequence[Any] | None:
     if getattr(dataset, "targets", None) is not None:
         return _positional(dataset.targets)  # type: ignore[attr-defined]
     if isinstance(dataset, TensorDataset) and len(dataset.tensors) >= 2:
-        return dataset.tensors[1].cpu().numpy()
+        return tensor_numpy(dataset.tensors[1])
     if isinstance(dataset, Subset):
         inner = dataset_labels(dataset.dataset)
         if inner is None:
             return None
         if isinstance(inner, np.ndarray | Tensor):
-            return np.asarray(inner)[np.asarray(dataset.indices, dtype=np.int64)]
+            inner = tensor_numpy(inner) if isinstance(inner, Tensor) else inner
+            return inner[np.asarray(dataset.indices, dtype=np.int64)]
         return [inner[int(i)] for i in dataset.indices]
     if isinstance(dataset, ConcatDataset):
         parts = [dataset_labels(d) for d in dataset.datasets]

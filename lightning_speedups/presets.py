@@ -310,7 +310,7 @@ def _registered_again(old: Preset, new: Preset) -> bool:
 def _same(a: Any, b: Any) -> bool:
     """``a == b`` through containers, arrays and tensors compared element for element (``==`` on them is an
     array, whose truth value raises)."""
-    if a is b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)):
+    if a is b or all(isinstance(x, float | np.floating) and math.isnan(x) for x in (a, b)):
         return True  # as `==` on a tuple found the same NaN object the same; two NaN settings are one setting
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
@@ -326,9 +326,11 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
             return False
+        if a.dtype == object or b.dtype == object:  # entries of any kind: each compared as above
+            return a.shape == b.shape and _same(a.tolist(), b.tolist())
         try:
             return bool(np.array_equal(a, b, equal_nan=True))
-        except TypeError:  # a dtype with no NaN test (strings, objects)
+        except TypeError:  # a dtype with no NaN test (strings)
             return bool(np.array_equal(a, b))
     try:
         return bool(a == b)

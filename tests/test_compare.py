@@ -518,6 +518,10 @@ def test_an_output_folder_that_cannot_hold_the_report_fails_before_training(tmp_
     assert main(["compare", "--callback", "MixUp", *TINY, "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --output") and "report.md" in err and "Traceback" not in err
+    # a level that cannot be made (a file in the way): the folders made before it are removed too
+    (tmp_path / "file").write_text("")
+    assert main(["compare", *TINY, "--output", str(tmp_path / "new" / ".." / "file" / "o")]) == 2
+    assert capsys.readouterr().err.startswith("error: --output") and not (tmp_path / "new").exists()
 
 
 def test_an_error_while_saving_the_report_gives_a_message(tmp_path, monkeypatch):

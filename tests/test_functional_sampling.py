@@ -4,9 +4,12 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils.data import Subset, TensorDataset
 
+from lightning_speedups.data import dataset_labels
 from lightning_speedups.functional import sampling as fs
 from lightning_speedups.samplers import EpochListSampler, SamplingPlan
 
@@ -30,8 +33,6 @@ def test_repeat_factors_by_hand():
 def test_label_formats_agree():
     ids = np.array([0, 0, 0, 1, 2, 0, 1, 0])
     expected = fs.repeat_factors(ids, threshold=0.5)
-    import torch
-
     assert expected[4] == pytest.approx(math.sqrt(0.5 / (1 / 8)))
     np.testing.assert_allclose(fs.repeat_factors(ids.tolist(), 0.5), expected)
     np.testing.assert_allclose(fs.repeat_factors(torch.from_numpy(ids), 0.5), expected)
@@ -43,6 +44,10 @@ def test_label_formats_agree():
     np.testing.assert_allclose(fs.repeat_factors(torch.from_numpy(multi_hot).bfloat16(), 0.5), expected)
     np.testing.assert_allclose(fs.repeat_factors([[torch.tensor(int(i))] for i in ids], 0.5), expected)
     np.testing.assert_allclose(fs.repeat_factors([[np.array(i)] for i in ids], 0.5), expected)
+    np.testing.assert_allclose(fs.repeat_factors([torch.tensor(i, dtype=torch.bfloat16) for i in ids], 0.5), expected)
+    dataset = TensorDataset(torch.zeros(len(ids)), torch.from_numpy(ids).bfloat16())  # a datamodule's default
+    np.testing.assert_array_equal(dataset_labels(dataset), ids)
+    np.testing.assert_array_equal(dataset_labels(Subset(dataset, [4, 1])), ids[[4, 1]])
     # sparse, large class ids give the same factors as their compact equivalents
     np.testing.assert_allclose(fs.repeat_factors(ids * 10**9, 0.5), expected)
 
@@ -124,6 +129,8 @@ def test_an_object_table_of_numbers_reads_as_its_numeric_twin():
         (np.array([[0, 2], [1, 1]]), "multi-hot"),
         (np.array([[0.0], [2.0]]), r"multi-hot.*integer column \(N, 1\) of class ids"),
         ([], "empty"),
+        # a multi-hot row inside a sample's list is no list of class ids (0-d tensors there are)
+        ([[torch.tensor([0, 1, 1])], [torch.tensor([1, 0, 0])]], r"must be integers, got tensor\(\[0, 1, 1\]\)"),
     ],
 )
 def test_bad_labels(labels, match):

@@ -1,5 +1,6 @@
 """The preset registry: names, lookup errors, overrides, the decorator, entry points, Trainer settings."""
 
+import copy
 import functools
 import sys
 import textwrap
@@ -116,16 +117,12 @@ def test_decorator_registers_a_function_preset(registry):
     # an array is ambiguous"; one with other values is still another preset
     # NaN settings (one object or two): the same declaration (the same NaN object was, until arrays were compared
     # element-wise)
-    nan_preset = [("CurriculumOrdering", {"difficulty": np.array([0.0, np.nan])})]
-    presets.register(declarative("with-nan", "s", "d", nan_preset))
-    presets.register(
-        declarative(
-            "with-nan",
-            "s",
-            "d",
-            [("CurriculumOrdering", {"difficulty": np.array([0.0, np.nan])})],
-        )
-    )
+    for i, nan in enumerate(
+        [np.array([0.0, np.nan]), np.array([0.0, np.nan], dtype=object), [np.float32(0), np.float32("nan")]]
+    ):
+        presets.register(declarative(f"with-nan-{i}", "s", "d", [("CurriculumOrdering", {"difficulty": nan})]))
+        again = copy.deepcopy(nan)  # other NaN objects
+        presets.register(declarative(f"with-nan-{i}", "s", "d", [("CurriculumOrdering", {"difficulty": again})]))
     for make in (np.arange, torch.arange):
         scores = [("CurriculumOrdering", {"difficulty": make(5) / 5})]
         presets.register(declarative(f"paced-{make.__module__}", "s", "d", scores), overwrite=True)

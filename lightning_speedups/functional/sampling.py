@@ -145,6 +145,8 @@ def tensor_numpy(tensor: torch.Tensor) -> np.ndarray:
     try:
         return tensor.numpy()
     except TypeError:  # "Got unsupported ScalarType BFloat16"
+        if not tensor.dtype.is_floating_point:  # complex32: `.float()` would drop the imaginary part
+            raise
         return tensor.float().numpy()
 
 
@@ -158,7 +160,7 @@ def _as_array(labels: Any) -> np.ndarray | None:
         # (never a multi-hot matrix: [[0, 1], [1, 0]] lists class ids).
         try:
             arr = np.asarray(labels)
-        except ValueError:  # ragged
+        except (ValueError, TypeError):  # ragged; or tensors of a dtype NumPy lacks: read one sample at a time
             return None
         if len(labels) == 0:
             return np.zeros(0, dtype=np.int64)
@@ -180,11 +182,13 @@ def _as_list(item: Any) -> list[Any]:
     if _is_int(item) or isinstance(item, float | np.floating):  # `_class_ids` takes whole-number floats
         return [item]
     if isinstance(item, Sequence | set | frozenset) and not isinstance(item, str):
-        # class ids held as 0-d tensors or arrays (`[tensor(2), tensor(3)]`): their numbers
+        # class ids held as 0-d tensors or arrays (`[tensor(2), tensor(3)]`): their numbers; any other entry as it
+        # is (a multi-hot row inside the list is refused by `_class_ids`, not read as ids)
         return [
-            value
+            _as_list(entry)[0]
+            if (hasattr(entry, "detach") or isinstance(entry, np.ndarray)) and entry.ndim == 0
+            else entry
             for entry in item
-            for value in (_as_list(entry) if hasattr(entry, "detach") or isinstance(entry, np.ndarray) else [entry])
         ]
     raise TypeError(
         f"Each sample's labels must be a class id or a sequence of class ids, got {item!r}.{_names_hint(item)}"
