@@ -45,6 +45,8 @@ def test_label_formats_agree():
     np.testing.assert_allclose(fs.repeat_factors([[torch.tensor(int(i))] for i in ids], 0.5), expected)
     np.testing.assert_allclose(fs.repeat_factors([[np.array(i)] for i in ids], 0.5), expected)
     np.testing.assert_allclose(fs.repeat_factors([torch.tensor(i, dtype=torch.bfloat16) for i in ids], 0.5), expected)
+    grad = [torch.tensor(float(i), requires_grad=True) for i in ids]  # NumPy refuses them: read one at a time
+    np.testing.assert_allclose(fs.repeat_factors(grad, 0.5), expected)
     dataset = TensorDataset(torch.zeros(len(ids)), torch.from_numpy(ids).bfloat16())  # a datamodule's default
     np.testing.assert_array_equal(dataset_labels(dataset), ids)
     np.testing.assert_array_equal(dataset_labels(Subset(dataset, [4, 1])), ids[[4, 1]])

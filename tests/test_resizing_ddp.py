@@ -11,7 +11,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from lightning_speedups import DropoutRemoval, ProgressiveResizing, SpeedupDataModule
-from lightning_speedups.functional import find_dropout
+from lightning_speedups.functional import find_dropout, pool_batchnorm_statistics
 from lightning_speedups.pipeline import ResolutionSampler
 from tests.helpers import ImagesDataModule, trainer
 from tests.test_pipeline_resizing import PipelineData, PipelineRecorder
@@ -55,6 +55,12 @@ class CheckInWorkers(Callback):
     def on_train_end(self, trainer, pl_module):
         assert trainer.world_size == 2 and dist.is_initialized()
         assert self.checked_validations == 2
+        # pooled with the strategy's own reduce, as the callback does: mean 0 and 2, variance 1 on each rank
+        # pool to mean 1 and variance 2 (Lightning's reduce works in place: the spread of the means was lost, 1)
+        bn = torch.nn.BatchNorm1d(1)
+        bn.running_mean.fill_(2.0 * trainer.global_rank)
+        pool_batchnorm_statistics(bn, lambda t: trainer.strategy.reduce(t, reduce_op="mean"))
+        assert bn.running_mean.item() == 1.0 and bn.running_var.item() == 2.0
         removed = [s for s in find_dropout(pl_module) if s.value > 0]
         assert not removed  # DropoutRemoval(start=0.5) acted on this rank
         pl_module.checked = True

@@ -216,7 +216,8 @@ def pool_batchnorm_statistics(
 ) -> None:
     """Replace each layer's statistics by those of the union of all processes' calibration samples.
 
-    ``mean_across(t)`` must return the mean of ``t`` over the processes (e.g. a DDP strategy's ``reduce``).
+    ``mean_across(t)`` must return the mean of ``t`` over the processes (e.g. a DDP strategy's ``reduce``); it
+    may overwrite ``t`` with it, as Lightning's does.
     With equally many samples per process the pooled mean is the mean of the means, and the pooled
     variance is the mean of the variances plus the mean squared distance of each process's mean to the pooled one
     (in float64: ``E[x**2] - E[x]**2`` in float32 cancels the variance of a channel whose mean is large next to its
@@ -227,7 +228,7 @@ def pool_batchnorm_statistics(
         for bn in batchnorm_layers(model) if layers is None else [bn for bn in layers if _has_statistics(bn)]:
             wide = torch.float32 if bn.running_mean.device.type == "mps" else torch.float64  # MPS has no float64
             mean = bn.running_mean.detach().to(wide, copy=True)
-            pooled_mean = mean_across(mean)
+            pooled_mean = mean_across(mean.clone())  # a reduce may work in place (Lightning's DDP `reduce` does)
             spread = (mean - pooled_mean) ** 2
             pooled_var = mean_across(bn.running_var.detach().to(wide, copy=True)) + mean_across(spread)
             bn.running_mean.copy_(pooled_mean.to(bn.running_mean.dtype))

@@ -160,7 +160,8 @@ def _as_array(labels: Any) -> np.ndarray | None:
         # (never a multi-hot matrix: [[0, 1], [1, 0]] lists class ids).
         try:
             arr = np.asarray(labels)
-        except (ValueError, TypeError):  # ragged; or tensors of a dtype NumPy lacks: read one sample at a time
+        except (ValueError, TypeError, RuntimeError):  # ragged; tensors of a dtype NumPy lacks or that require
+            # grad: read one sample at a time
             return None
         if len(labels) == 0:
             return np.zeros(0, dtype=np.int64)
