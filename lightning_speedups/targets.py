@@ -361,6 +361,8 @@ class TargetTransformCallback(SpeedupCallback):
         given = _given_num_classes(trainer) if self.transforms_batches else None
         if self.num_classes is not None or not self.transforms_batches:
             self._classes = self.num_classes  # a technique that leaves the targets alone needs no class count
+            if self.transforms_batches:
+                self._check_given_against_sources(trainer, pl_module)
         else:
             # the model's and the data's count, else one given to a sibling (MixUp(num_classes=10) before a
             # LabelSmoothing): not the width of the first probabilities, which a MixUp with p < 1 may not give
@@ -634,6 +636,21 @@ class TargetTransformCallback(SpeedupCallback):
                     f"so the kept labels and the new {which}s would share it. {fix}"
                 )
 
+    def _check_given_against_sources(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A ``num_classes=`` that differs from the model's and the data's count fails here, not at the first step
+        (targets of the wrong width: torch's "multi-target not supported"). Where those sources disagree among
+        themselves, the count given is the user's choice between them."""
+        try:
+            said = infer_num_classes(trainer, pl_module)
+        except ValueError:
+            return
+        if said is not None and said != self.num_classes:
+            raise ValueError(
+                f"{type(self).__name__}(num_classes={self.num_classes}), but the model or DataModule says {said} "
+                "classes: give the number of classes the model's logits have (or correct the model's or "
+                "DataModule's `num_classes`)."
+            )
+
     def _check_indices(self, target: Tensor, who: str) -> None:
         if self._classes is None:
             raise ValueError(
@@ -650,9 +667,10 @@ class TargetTransformCallback(SpeedupCallback):
             # crash in the loss, however late in training that comes
             self.warn(
                 f"class indices of dtype {target.dtype}: the batches it changes get float class probabilities, but "
-                f"those it leaves as they are (p < 1, or outside start/end) reach `training_step` as {target.dtype}, "
-                "which torch's cross entropy refuses (it takes int64 class indices). Convert the labels with "
-                "`y.long()` in the dataset or collate.",
+                f"those it leaves as they are (p < 1, or outside start/end) go on as {target.dtype}, which torch's "
+                "cross entropy refuses (it takes int64 class indices), unless a callback after it turns every batch "
+                "into probabilities (a LabelSmoothing with p=1). Convert the labels with `y.long()` in the dataset "
+                "or collate.",
                 every_rank=True,
             )
 

@@ -311,6 +311,13 @@ def test_bad_partners_generators_and_regions_are_clear_errors():
             mix(x, y, 0.5, perm, num_classes=3)
         with pytest.raises(ValueError, match=match):
             cut_and_paste(x, y, (slice(0, 4), slice(0, 4)), perm, num_classes=3)
+    # targets left on another device than the inputs (meta stands in for a GPU here): torch's error came from
+    # deep inside the mix, or (meta) made-up probabilities
+    perm = torch.tensor([1, 0, 3, 2])
+    with pytest.raises(ValueError, match=r"Inputs are on cpu, targets on meta: put the whole batch on one device"):
+        mix(x, y.to("meta"), 0.5, perm, num_classes=3)
+    with pytest.raises(ValueError, match=r"Inputs are on cpu, targets on meta"):
+        cut_and_paste(x, y.to("meta"), (slice(0, 4), slice(0, 4)), perm, num_classes=3)
     with pytest.raises(TypeError, match=r"`generator` must be a NumPy Generator, a torch\.Generator"):
         sample_lambda(0.2, generator="seed")
     for shape in ((0, 8), ()):

@@ -395,10 +395,25 @@ def test_targets_neither_indices_nor_probabilities():
 def test_a_loss_over_another_number_of_classes_is_told_where_the_targets_width_came_from():
     # torch's own error speaks of the target's shape only; the note names the class count and the fix
     with pytest.raises(RuntimeError) as caught:
-        trainer(callbacks=[MixUp(num_classes=C + 3)], max_steps=1).fit(RecordingModule(), loaders("list")[0])
+        model = RecordingModule(num_classes=None)  # nothing to check the count against before the step
+        trainer(callbacks=[MixUp(num_classes=C + 3)], max_steps=1).fit(model, loaders("list")[0])
     assert f"MixUp gave this training step class probabilities of shape (N, {C + 3})" in "\n".join(
         getattr(caught.value, "__notes__", [])
     )
+    # a model that says its count: the one given is checked against it at fit start (was: the crash above, at
+    # the first step), as one given to a sibling callback was
+    said = rf"MixUp\(num_classes={C + 3}\), but the model or DataModule says {C} classes"
+    with pytest.raises(ValueError, match=said):
+        trainer(callbacks=[MixUp(num_classes=C + 3)], max_steps=1).fit(RecordingModule(), loaders("list")[0])
+
+    # sources that disagree among themselves: the count given chooses between them, as the error of
+    # `infer_num_classes` advises
+    class TenClasses(ImagesDataModule):
+        num_classes = 10
+
+    model = RecordingModule()
+    trainer(callbacks=[MixUp(num_classes=C)], max_steps=1).fit(model, datamodule=TenClasses())
+    assert model.train_batches[0][1].shape[1] == C
 
     class TrainingAccuracy(RecordingModule):  # the usual metric, on the soft targets: a broadcast error
         def training_step(self, batch, batch_idx):
@@ -540,9 +555,14 @@ def test_a_count_given_to_one_callback_serves_the_others(seed):
         r"given different numbers of classes \(MixUp\(num_classes=4\), CutMix\(num_classes=5\)\)",
         model=RecordingModule(num_classes=None),
     )
-    # a count the model says and another given to a sibling: refused before any step, whatever p draws
+    # a count the model says and another given to a sibling: refused before any step, whatever p draws (by the
+    # callback given it, where it comes first; by the sibling, where that comes first)
     fit_expecting(
         [MixUp(p=0.5, num_classes=C + 1, seed=seed), LabelSmoothing(0.1)],
+        r"MixUp\(num_classes=5\), but the model or DataModule says 4 classes",
+    )
+    fit_expecting(
+        [LabelSmoothing(0.1), MixUp(p=0.5, num_classes=C + 1, seed=seed)],
         r"LabelSmoothing counts 4 classes \(from the model or DataModule\), another callback was given num_classes=5",
     )
 

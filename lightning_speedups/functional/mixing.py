@@ -335,6 +335,11 @@ def _check_batch(x: Tensor, target: Tensor) -> None:
             f"Inputs and targets must have the batch size as their first dim, the same for both; got inputs "
             f"{tuple(x.shape)} and targets {tuple(target.shape)}."
         )
+    if target.device != x.device:  # torch's own error would come from deep inside the mix
+        raise ValueError(
+            f"Inputs are on {x.device}, targets on {target.device}: put the whole batch on one device (a custom "
+            "`transfer_batch_to_device` that leaves the targets behind?)."
+        )
 
 
 def _check_num_classes(num_classes: Any) -> int | None:
