@@ -361,7 +361,7 @@ class TargetTransformCallback(SpeedupCallback):
         given = _given_num_classes(trainer) if self.transforms_batches else None
         if self.num_classes is not None or not self.transforms_batches:
             self._classes = self.num_classes  # a technique that leaves the targets alone needs no class count
-            if self.transforms_batches:
+            if self.transforms_batches and self.may_act:
                 self._check_given_against_sources(trainer, pl_module)
         else:
             # the model's and the data's count, else one given to a sibling (MixUp(num_classes=10) before a
@@ -637,18 +637,19 @@ class TargetTransformCallback(SpeedupCallback):
                 )
 
     def _check_given_against_sources(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """A ``num_classes=`` that differs from the model's and the data's count fails here, not at the first step
-        (targets of the wrong width: torch's "multi-target not supported"). Where those sources disagree among
-        themselves, the count given is the user's choice between them."""
+        """Warn at fit start where a ``num_classes=`` differs from the count the model and DataModule agree on: a
+        wrong one would fail only at the first step (torch's "multi-target not supported"). Not an error: the
+        count given is the user's word over an attribute that may count something else (background, a
+        signature default the model's `setup` replaced)."""
         try:
             said = infer_num_classes(trainer, pl_module)
-        except ValueError:
+        except Exception:  # sources that disagree (the count given chooses between them), or a property that fails
             return
         if said is not None and said != self.num_classes:
-            raise ValueError(
-                f"{type(self).__name__}(num_classes={self.num_classes}), but the model or DataModule says {said} "
-                "classes: give the number of classes the model's logits have (or correct the model's or "
-                "DataModule's `num_classes`)."
+            self.warn(
+                f"num_classes={self.num_classes} was given, but the model or DataModule says {said} classes: the "
+                f"targets get {self.num_classes} columns, which the loss refuses unless the logits have as many. "
+                "Keep it if the model's count is not its logits' width; otherwise give the logits' width."
             )
 
     def _check_indices(self, target: Tensor, who: str) -> None:

@@ -400,11 +400,14 @@ def test_a_loss_over_another_number_of_classes_is_told_where_the_targets_width_c
     assert f"MixUp gave this training step class probabilities of shape (N, {C + 3})" in "\n".join(
         getattr(caught.value, "__notes__", [])
     )
-    # a model that says its count: the one given is checked against it at fit start (was: the crash above, at
-    # the first step), as one given to a sibling callback was
-    said = rf"MixUp\(num_classes={C + 3}\), but the model or DataModule says {C} classes"
-    with pytest.raises(ValueError, match=said):
+    # a model that says another count: warned at fit start (only the crash above, at the first step, said so);
+    # not refused, since the model's attribute may count something else than its logits (background, say)
+    said = rf"num_classes={C + 3} was given, but the model or DataModule says {C} classes"
+    with pytest.warns(SpeedupWarning, match=said), pytest.raises(RuntimeError):
         trainer(callbacks=[MixUp(num_classes=C + 3)], max_steps=1).fit(RecordingModule(), loaders("list")[0])
+    with warnings.catch_warnings():  # turned off (p=0): nothing to say
+        warnings.filterwarnings("error", message=".*was given, but the model", category=SpeedupWarning)
+        trainer(callbacks=[MixUp(p=0.0, num_classes=C + 3)], max_steps=1).fit(RecordingModule(), loaders("list")[0])
 
     # sources that disagree among themselves: the count given chooses between them, as the error of
     # `infer_num_classes` advises
@@ -555,16 +558,14 @@ def test_a_count_given_to_one_callback_serves_the_others(seed):
         r"given different numbers of classes \(MixUp\(num_classes=4\), CutMix\(num_classes=5\)\)",
         model=RecordingModule(num_classes=None),
     )
-    # a count the model says and another given to a sibling: refused before any step, whatever p draws (by the
-    # callback given it, where it comes first; by the sibling, where that comes first)
-    fit_expecting(
-        [MixUp(p=0.5, num_classes=C + 1, seed=seed), LabelSmoothing(0.1)],
-        r"MixUp\(num_classes=5\), but the model or DataModule says 4 classes",
+    # a count the model says and another given to a sibling: refused before any step, whatever p draws (the
+    # callback given it warns first, where it comes first)
+    refused = (
+        r"LabelSmoothing counts 4 classes \(from the model or DataModule\), another callback was given num_classes=5"
     )
-    fit_expecting(
-        [LabelSmoothing(0.1), MixUp(p=0.5, num_classes=C + 1, seed=seed)],
-        r"LabelSmoothing counts 4 classes \(from the model or DataModule\), another callback was given num_classes=5",
-    )
+    with pytest.warns(SpeedupWarning, match="num_classes=5 was given"):
+        fit_expecting([MixUp(p=0.5, num_classes=C + 1, seed=seed), LabelSmoothing(0.1)], refused)
+    fit_expecting([LabelSmoothing(0.1), MixUp(p=0.5, num_classes=C + 1, seed=seed)], refused)
 
 
 class WithLoss(RecordingModule):
