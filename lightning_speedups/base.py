@@ -880,8 +880,8 @@ def _same_setting(a: Any, b: Any) -> bool:
 
 
 def _same(a: Any, b: Any) -> bool:
-    if _is_default(a, b):
-        return True
+    if _is_default(a, b) or all(isinstance(v, float | np.floating) and math.isnan(v) for v in (a, b)):
+        return True  # NaN settings (two NaN objects) are one setting, as NaN entries of arrays are
     if isinstance(a, np.ndarray | torch.Tensor) or isinstance(b, np.ndarray | torch.Tensor):
         return _same_array(a, b)
     if isinstance(a, list | tuple) and type(a) is type(b):
@@ -913,6 +913,8 @@ def _same_array(a: Any, b: Any) -> bool:
     except Exception:  # strings, objects, byte orders torch does not take: numpy's own comparison
         try:
             x_, y_ = np.asarray(a), np.asarray(b)
+            if x_.dtype == object or y_.dtype == object:  # entries of any kind: each compared as a setting
+                return x_.shape == y_.shape and _same(x_.tolist(), y_.tolist())
             return x_.shape == y_.shape and bool(np.array_equal(x_, y_))
         except Exception:
             return False

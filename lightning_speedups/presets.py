@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 from lightning.pytorch.callbacks import BatchSizeFinder, Callback
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_speedups import _checks
+from lightning_speedups.base import _same_setting
 
 ENTRY_POINT_GROUP = "lightning_speedups.presets"
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -293,7 +293,7 @@ def _registered_again(old: Preset, new: Preset) -> bool:
     """Whether ``new`` is ``old`` registered again: the same declaration, or a function preset from the same
     function of the same module (a reload makes a new function object)."""
     if old.callbacks or new.callbacks:  # declarative: the same declaration, setting for setting
-        return _same(
+        return _same_setting(  # by value: array settings, NaN, instances that compare by identity (by their repr)
             (old.callbacks, old.summary, old.description, dict(old.trainer), old.requires),
             (new.callbacks, new.summary, new.description, dict(new.trainer), new.requires),
         )
@@ -305,37 +305,6 @@ def _registered_again(old: Preset, new: Preset) -> bool:
         and not where.startswith(f"{__name__}.")
         and "<" not in where  # not a lambda or a closure, which many presets may share
     )
-
-
-def _same(a: Any, b: Any) -> bool:
-    """``a == b`` through containers, arrays and tensors compared element for element (``==`` on them is an
-    array, whose truth value raises)."""
-    if a is b or all(isinstance(x, float | np.floating) and math.isnan(x) for x in (a, b)):
-        return True  # as `==` on a tuple found the same NaN object the same; two NaN settings are one setting
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and (a.shape, a.dtype, a.device) == (b.shape, b.dtype, b.device)
-            and bool(((a == b) | (a.isnan() & b.isnan())).all())
-        )
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
-            return False
-        if a.dtype == object or b.dtype == object:  # entries of any kind: each compared as above
-            return a.shape == b.shape and _same(a.tolist(), b.tolist())
-        try:
-            return bool(np.array_equal(a, b, equal_nan=True))
-        except TypeError:  # a dtype with no NaN test (strings)
-            return bool(np.array_equal(a, b))
-    try:
-        return bool(a == b)
-    except Exception:  # an `==` with no truth value (another array type): not known to be the same
-        return False
 
 
 def _where(preset: Preset) -> str:
