@@ -630,6 +630,48 @@ def test_a_second_fit_on_the_same_trainer_continues_an_epoch_warmup():
     assert [lr / LR for lr in in_two][4:6] == pytest.approx([1 + 3 * 4 / 8, 1 + 3 * 6 / 8])  # still ramping
 
 
+@pytest.mark.parametrize("stage", ["validate", "test"])
+def test_an_evaluation_from_an_earlier_checkpoint_between_two_fits_leaves_the_warmup_where_the_fit_left_it(
+    tmp_path, stage
+):
+    # Lightning restores callback state in `validate/test(ckpt_path=...)` too: the second fit went on from the
+    # epoch-0 checkpoint's 4 updates, not the first fit's 8, and its learning rate stepped back down the ramp
+    def warmup():
+        return LinearScalingWarmup(8, warmup=3, warmup_unit="epochs")  # x2 over 12 updates of 4 per epoch
+
+    whole = WarmupModule("none")
+    fit(whole, [warmup()], max_epochs=4)
+    module, cb = WarmupModule("none"), warmup()
+    checkpoints = ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, filename="{epoch}")
+    t = trainer(callbacks=[cb, checkpoints], max_epochs=2, enable_checkpointing=True)
+    t.fit(module)
+    used = list(module.used)
+    getattr(t, stage)(module, module.val_dataloader(), ckpt_path=str(tmp_path / "epoch=0.ckpt"), verbose=False)
+    assert cb.updates == [8]
+    t.fit_loop.max_epochs = 4
+    t.fit(module)
+    assert used + module.used == pytest.approx(whole.used)
+    assert [lr / LR for lr in whole.used] == pytest.approx([ramp(u, 12, 2.0) for u in range(16)])
+
+
+def test_a_fresh_fit_after_validating_a_checkpoint_of_another_batch_does_not_warn_of_a_resumed_batch(tmp_path):
+    fit(
+        WarmupModule("none", batch_size=8),
+        [LinearScalingWarmup(4, warmup=0)],
+        max_epochs=1,
+        default_root_dir=tmp_path,
+        enable_checkpointing=True,
+    )
+    (ckpt,) = tmp_path.glob("**/*.ckpt")
+    module, cb = WarmupModule("none", batch_size=16), LinearScalingWarmup(4, warmup=0)
+    t = trainer(callbacks=[cb], max_epochs=1)
+    t.validate(module, ckpt_path=str(ckpt), verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)  # was: "the checkpoint's run had a global batch of 8"
+        t.fit(module)
+    assert cb.scale == 4.0
+
+
 def test_initial_reference_on_one_device_leaves_the_learning_rate_alone():
     module = WarmupModule("cosine", batch_size=16)
     cb = LinearScalingWarmup("initial", warmup=2, warmup_unit="steps")

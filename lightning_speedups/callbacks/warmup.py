@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 from lightning.pytorch.callbacks import BatchSizeFinder, Callback, GradientAccumulationScheduler, LearningRateFinder
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr
 from torch.optim import Optimizer
@@ -190,6 +191,7 @@ class LinearScalingWarmup(SpeedupCallback):
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
+        self.__dict__.pop("_state_not_for_fit", None)  # set by this stage's restore, if any (after setup)
         # For load_state_dict, which Lightning calls without the trainer: whether a BatchSizeFinder will search, and
         # the strategy's optimizer list before its setup (the strategy sets a new one, so a restore that still sees
         # this list is the user's checkpoint, not a finder's trial restore). Dropped at fit start.
@@ -205,6 +207,7 @@ class LinearScalingWarmup(SpeedupCallback):
                 self._done = None
             self._ended_fit = None
             self._plan = None
+            self._restored_global_batch = self._restored_accumulate = None  # a checkpoint's, if any, comes later
             self._last_factor, self._last_lrs = None, {}  # an earlier fit's read-outs are not this one's
             self._last_factors = {}
             # a reference carried over a tuner's fit (below) is carried over an `lr_find` after it too
@@ -314,6 +317,9 @@ class LinearScalingWarmup(SpeedupCallback):
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
+        # `trainer.validate/test/predict(ckpt_path=...)` restores callback state too: not this callback's (it does
+        # nothing there), or the next fit on this trainer would continue from that checkpoint's count, not its own
+        self._state_not_for_fit = trainer.state.fn != TrainerFn.FITTING
         # Here, not in load_state_dict: Lightning calls this for every checkpoint, one saved without this callback
         # (a baseline run's) too.
         guard = self.__dict__.get("_resume_guard")
@@ -330,6 +336,8 @@ class LinearScalingWarmup(SpeedupCallback):
             )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self.__dict__.pop("_state_not_for_fit", False):
+            return  # restored by a validate/test/predict run (see `on_load_checkpoint`)
         super().load_state_dict(state_dict)
         updates = state_dict.get("updates")
         self._updates = [int(u) for u in updates] if updates is not None else None
