@@ -70,7 +70,9 @@ class PlannedIndex(NamedTuple):
 class ResolutionDataset(Dataset):
     """Wraps a map-style dataset so that ``dataset[PlannedIndex(i, plan)]`` loads sample ``i`` under ``plan``.
 
-    Any other key is passed through unchanged. Attributes not found here are read from the wrapped dataset.
+    Any other key is passed through unchanged. Attributes not found here are read from the wrapped dataset, and
+    attributes set here are set on it (``trainer.train_dataloader.dataset.transform = ...`` reaches the dataset
+    the workers load from, as it would unwrapped).
     The first planned sample loaded in each process checks that the transforms did read the plan, and raises
     a clear error if not (the transform is missing from the pipeline).
     """
@@ -114,6 +116,21 @@ class ResolutionDataset(Dataset):
         if name == "dataset" or (name.startswith("__") and name.endswith("__")):
             raise AttributeError(name)
         return getattr(self.dataset, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _OWN_ATTRIBUTES:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.dataset, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in _OWN_ATTRIBUTES:
+            object.__delattr__(self, name)
+        else:
+            delattr(self.dataset, name)
+
+
+_OWN_ATTRIBUTES = frozenset({"dataset", "_verified"})
 
 
 class ResolutionSampler(DistributedSampler):

@@ -551,6 +551,39 @@ def test_a_train_dataloader_override_fails_with_its_cause():
         )
 
 
+def test_a_loader_built_by_hand_before_the_trainer_is_told_to_pass_the_datamodule():
+    dm = PipelineData(num_workers=0)
+    dm.setup("fit")
+    loader = dm.train_dataloader()  # no trainer yet: no callback could attach the sizes
+    with pytest.raises(RuntimeError, match=r"while the datamodule had no trainer.*datamodule=dm"):
+        trainer(callbacks=[ProgressiveResizing(mode="pipeline")], max_epochs=1).fit(
+            PipelineRecorder(), train_dataloaders=loader
+        )
+
+
+class SwapTransformAtEpoch1(Callback):
+    """Swaps the training dataset's transform through the loader, as a user's augmentation schedule can."""
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if trainer.current_epoch == 1:
+            trainer.train_dataloader.dataset.transform = T.Compose([ScheduledResize(), T.Lambda(torch.zeros_like)])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_attribute_set_on_the_training_loaders_dataset_reaches_the_dataset(workers):
+    # it was set on the pipeline's wrapper, which the workers never read: the old transform stayed, silently
+    model = PipelineRecorder()
+    cb = ProgressiveResizing(0.5, 0.0, 0.0, mode="pipeline", validation="full")
+    dm = PipelineData(num_workers=workers, persistent_workers=False)
+    trainer(callbacks=[cb, SwapTransformAtEpoch1()], max_epochs=2).fit(model, datamodule=dm)
+    assert isinstance(dm.train_dataset.transform, T.Compose)
+    assert all(x.abs().sum() > 0 for x in model.inputs[:8]) and all(x.abs().sum() == 0 for x in model.inputs[8:])
+    assert len(model.inputs) == 16 and model.inputs[8].shape[-1] < SIZE  # still at the scheduled size
+    wrapped = ResolutionDataset(TransformedImages(4))
+    del wrapped.transform
+    assert not hasattr(wrapped.dataset, "transform") and wrapped._verified is False  # its own stay its own
+
+
 @pytest.mark.parametrize("getter", [False, True], ids=["keys", "getter"])
 def test_two_training_loaders_are_refused_for_what_they_are(getter):
     # with a getter and setter (what the resize mode's message advises) the pipeline check blamed a loader

@@ -29,6 +29,7 @@ from lightning_speedups.base import (
     training_epochs,
 )
 from lightning_speedups.batch import BatchFields, BatchGetter, BatchSetter, Key
+from lightning_speedups.data import ResumableDataLoader
 from lightning_speedups.functional.batchnorm import (
     batchnorm_layers,
     pool_batchnorm_statistics,
@@ -666,6 +667,13 @@ class ProgressiveResizing(SpeedupCallback):
                     f"Lightning replaced its sampler with a {type(sampler).__name__} under "
                     f"`Trainer(overfit_batches={trainer.overfit_batches})`. Drop `overfit_batches`, or use "
                     "mode='resize' for overfitting runs."
+                )
+            elif isinstance(loader, ResumableDataLoader) and not self._wrapped_loader:
+                cause = (
+                    "this loader was built by `SpeedupDataModule.train_dataloader()` while the datamodule had no "
+                    "trainer (called by hand and passed as `train_dataloaders=`?), so the callback could not attach "
+                    "the sizes. Pass the datamodule instead: `trainer.fit(model, datamodule=dm)`; or use "
+                    "mode='resize'."
                 )
             else:
                 cause = (
