@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -240,6 +241,7 @@ class TrainingMeter(Callback):
         self._kind: tuple[bool, int] | None = None  # this epoch's kind of step (`_step_kind`)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.__dict__.pop("_state_not_for_fit", None)  # set by this stage's restore, if any (after setup)
         if stage == "fit":  # before a checkpoint's state is restored
             self.history, self.flops, self.flops_per_shape = [], 0.0, {}
             self.varying, self.uncounted, self._checked, self._since = set(), {}, set(), {}
@@ -320,8 +322,8 @@ class TrainingMeter(Callback):
         self._stop_counting()
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking:
-            return
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
+            return  # `trainer.validate` after the fit is no point of the run's
         self.validations += 1
         value = trainer.callback_metrics.get(self.metric)
         if value is None:  # not yet: a model may log it only in some epochs; `on_train_end` judges the whole run
@@ -357,6 +359,14 @@ class TrainingMeter(Callback):
     def state_dict(self) -> dict[str, Any]:
         return {"history": [asdict(c) for c in self.history], "flops": self.flops}
 
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # `trainer.validate/test(ckpt_path=...)` restores callback state too: the fit's record stays as it ended
+        self._state_not_for_fit = trainer.state.fn != TrainerFn.FITTING
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self.__dict__.pop("_state_not_for_fit", False):
+            return
         self.history = [Checkpoint(**c) for c in state_dict.get("history", [])]
         self.flops = state_dict.get("flops", 0.0)

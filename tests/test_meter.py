@@ -40,6 +40,25 @@ def test_flops_are_counted_per_shape_and_match_hand_computation():
     assert 0 <= meter.history[0].metric <= 1 and meter.history[1].wall >= meter.history[0].wall > 0
 
 
+def test_validating_or_testing_after_the_fit_leaves_its_record_as_it_ended(tmp_path):
+    # validate/test(ckpt_path=...) restored the checkpoint's history and FLOPs into the meter, and every
+    # validate added a point of its own, numbered as the fit's last step
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    meter = TrainingMeter("val_acc")
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, filename="{epoch}")
+    t = trainer(callbacks=[meter, ckpt], max_epochs=3, enable_checkpointing=True)
+    module = Linear()
+    t.fit(module, data(32), data(16))
+    history, flops = list(meter.history), meter.flops
+    assert [c.step for c in history] == [2, 4, 6] and flops > 0
+    t.validate(module, data(16), ckpt_path=str(tmp_path / "epoch=0.ckpt"), verbose=False)
+    t.test(module, data(16), ckpt_path=str(tmp_path / "epoch=1.ckpt"), verbose=False)
+    t.validate(module, data(16), verbose=False)
+    assert meter.history == history and meter.flops == flops
+    assert meter.validations == 3
+
+
 def test_steps_of_one_shape_but_another_cost_are_counted_at_their_own_cost():
     """A backbone frozen from the second epoch, and StochasticWeightAveraging's BatchNorm epoch (forward only):
     the count of the first step of a shape was reused for every later step of that shape."""
