@@ -293,6 +293,19 @@ class ResumableDataLoader(DataLoader):
             category=SpeedupWarning,
         )
 
+    def _check_seeds(self, state_dict: dict[str, Any]) -> None:
+        """Warn (once per pair of seeds) where the checkpoint's run shuffled with other seeds than this run."""
+        dm = self.speedups_datamodule
+        # "seed": a checkpoint saved before every seed of the order was recorded
+        saved = state_dict.get("seeds", [state_dict["seed"]] if "seed" in state_dict else None)
+        seeds = self._order_seeds(dm) if dm is not None else None
+        if seeds is None or saved is None or [int(s) for s in saved] == seeds:
+            return
+        pair = ([int(s) for s in saved], seeds)
+        if self.__dict__.get("_seeds_warned") != pair:
+            self._seeds_warned = pair
+            self._warn_seeds(*pair, dm)  # type: ignore[arg-type]
+
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         # Called before Lightning creates the first iterator of the resumed run, and before it calls
         # set_epoch: the sampler must be put on the right epoch here, or that iterator replays a stale one.
@@ -302,11 +315,7 @@ class ResumableDataLoader(DataLoader):
             return
         self._loaded_state = dict(state_dict)
         dm = self.speedups_datamodule
-        # "seed": a checkpoint saved before every seed of the order was recorded
-        saved = state_dict.get("seeds", [state_dict["seed"]] if "seed" in state_dict else None)
-        seeds = self._order_seeds(dm) if dm is not None else None
-        if seeds is not None and saved is not None and [int(s) for s in saved] != seeds:
-            self._warn_seeds([int(s) for s in saved], seeds, dm)  # type: ignore[arg-type]
+        self._check_seeds(state_dict)
         done = bool(state_dict.get("epoch_done"))
         trainer = dm.trainer if dm is not None else None
         if not done and state_dict.get("batches") and state_dict.get("epoch_counted") and trainer is not None:
@@ -747,6 +756,10 @@ class SpeedupDataModule(pl.LightningDataModule):
             # `configure_optimizers`) may come before the one that trains
             loader.load_state_dict(pending)
         else:
+            if pending and self.trainer is not None and not self._in_finder_trial():
+                # the first loader after the restore, built once it ended: an epoch-end checkpoint's resume, which
+                # Lightning hands no loader state (its next epoch's order needs none), but whose seeds still count
+                loader._check_seeds(pending)
             self._pending_loader_state = None
 
     def _in_finder_trial(self) -> bool:

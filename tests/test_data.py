@@ -319,6 +319,27 @@ def test_resuming_with_another_shuffle_seed_is_warned_about(tmp_path):
         run(3, ckpt)
 
 
+def test_resuming_from_an_epoch_end_with_another_shuffle_seed_is_warned_about(tmp_path):
+    # Lightning hands the loader no state at an epoch-end resume: every later epoch shuffled otherwise, unsaid
+    def run(seed, ckpt_path=None):
+        save = ckpt_path is None
+        extra = [ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, filename="{epoch}")] if save else []
+        model = IndexModule()
+        t = trainer(max_epochs=3, callbacks=extra, enable_checkpointing=save)
+        t.fit(model, datamodule=IndexedDM(n=32, batch_size=8, seed=seed), ckpt_path=ckpt_path)
+        return model
+
+    full = run(3)
+    ckpt = str(tmp_path / "epoch=0.ckpt")
+    with pytest.warns(SpeedupWarning, match=r"seed 3, this run with seed 4.*`seed_everything\(3\)`") as caught:
+        other = run(4, ckpt)
+    assert sum("shuffled its training data" in str(w.message) for w in caught) == 1
+    assert other.seen != full.seen[4:]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "The checkpoint's run shuffled", SpeedupWarning)
+        assert run(3, ckpt).seen == full.seen[4:]
+
+
 def test_resuming_mid_epoch_with_other_training_data_is_warned_about(tmp_path):
     # the resumed epoch skipped `batches x the new batch size` of a permutation of the new data, silently: with
     # batch 16 instead of 8 it trained nothing more of epoch 0, leaving 32 samples unseen
