@@ -165,6 +165,13 @@ def test_a_timm_model_with_head_dropout_drop_path_and_drop_block():
     assert model.drop_rate == 0.3
 
 
+def test_a_compiled_submodule_is_one_site_not_two():
+    # `torch.compile`'s wrapper reads its attributes from the module it wraps: both were counted
+    net = nn.Sequential(nn.Linear(4, 4), torch.compile(nn.MultiheadAttention(4, 1, dropout=0.5), backend="eager"))
+    assert [(s.name, s.attribute) for s in find_dropout(net)] == [("1._orig_mod", "dropout")]
+    assert [s.value for s in disable_dropout(net)] == [0.5] and net[1]._orig_mod.dropout == 0.0
+
+
 def test_a_model_without_dropout_has_no_sites():
     assert find_dropout(nn.Sequential(nn.Linear(2, 2), nn.ReLU())) == []
     assert disable_dropout(nn.Linear(2, 2)) == []

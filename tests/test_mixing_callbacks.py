@@ -687,6 +687,55 @@ def test_loss_mode_restores_when_the_module_skips_the_rest_of_an_epoch():
     assert model.criterion.label_smoothing == 0.0  # was left at 0.3 for validation and after fit
 
 
+class NewLossEachEpoch(CriterionProbe):
+    """Builds its loss again at each epoch's start (class weights estimated again), in the module's own hook,
+    which Lightning calls after the callbacks' epoch-start hooks."""
+
+    def __init__(self, smoothing_of_its_own: float = 0.0, drop_at: int | None = None) -> None:
+        super().__init__()
+        self.own, self.drop_at = smoothing_of_its_own, drop_at
+
+    def on_train_epoch_start(self) -> None:
+        if self.current_epoch == 0:
+            return
+        if self.current_epoch == self.drop_at:
+            self.criterion = nn.Identity()  # the loss is gone: training_step must no longer read it
+            self.train_eps.append(None)
+            return
+        self.criterion = nn.CrossEntropyLoss(weight=torch.ones(C), label_smoothing=self.own)
+
+    def training_step(self, batch, batch_idx):
+        if isinstance(self.criterion, nn.Identity):
+            x, y = unpack(batch)
+            return F.cross_entropy(self(x), y)
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        if not isinstance(self.criterion, nn.Identity):
+            super().validation_step(batch, batch_idx)
+
+
+def test_loss_mode_smooths_a_loss_the_module_builds_again_at_an_epoch_start():
+    # the losses were found once, at fit start: the new loss trained unsmoothed, without a word
+    model = NewLossEachEpoch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)
+        trainer(callbacks=[LabelSmoothing(0.1, method="loss")], max_epochs=3).fit(model, *loaders("list"))
+    assert model.train_eps == [0.1] * 12
+    assert model.criterion.label_smoothing == 0.0  # and put back after the fit
+    for got, by_hand in model.loss_check:
+        assert got == pytest.approx(by_hand, rel=1e-5)
+    model = NewLossEachEpoch(smoothing_of_its_own=0.05)
+    with pytest.warns(
+        SpeedupWarning, match=r"new since the last epoch, has `label_smoothing=0.05`.*not smoothed again"
+    ):
+        trainer(callbacks=[LabelSmoothing(0.1, method="loss")], max_epochs=2).fit(model, *loaders("list"))
+    assert model.train_eps == [0.1] * 4 + [0.05] * 4
+    model = NewLossEachEpoch(drop_at=1)
+    with pytest.warns(SpeedupWarning, match=r"no `nn.CrossEntropyLoss` to smooth any more"):
+        trainer(callbacks=[LabelSmoothing(0.1, method="loss")], max_epochs=2).fit(model, *loaders("list"))
+
+
 def test_a_second_fit_infers_its_own_classes_and_seed():
     from lightning.pytorch import seed_everything
 

@@ -123,6 +123,36 @@ class LabelSmoothing(TargetTransformCallback):
                     "loss's own smoothing, not both."
                 )
         self._loss_calls = None  # until the first smoothed step has shown whether training calls a loss
+        self._scanned_epoch: int | None = None  # losses are looked for again at each epoch's first batch
+        self._found = list(self._losses)  # what the latest look found (held: ids of freed modules are reused)
+
+    def _rescan_losses(self, pl_module: pl.LightningModule) -> None:
+        """Find the losses again: a module or callback may build a new one at an epoch's start (class weights
+        estimated again), which the list found at fit start would miss, leaving training unsmoothed."""
+        found = cross_entropy_modules(pl_module)
+        if len(found) == len(self._found) and all(a is b for a, b in zip(found, self._found, strict=True)):
+            return
+        self._found = found
+        names = {id(module): name for name, module in pl_module.named_modules()}
+        kept = []
+        for loss in found:
+            attribute = "label_smoothing" if hasattr(loss, "label_smoothing") else "smoothing"
+            already = getattr(loss, attribute, 0.0) or 0.0
+            if already > 0 and all(loss is not old for old in self._losses):
+                self.warn(
+                    f"method='loss': the loss `{names.get(id(loss), '?')}` ({type(loss).__name__}), new since the "
+                    f"last epoch, has `{attribute}={already}` of its own: it is left as it is, not smoothed again."
+                )
+                continue
+            kept.append(loss)
+        if not kept:
+            self.warn(
+                "method='loss': the module has no `nn.CrossEntropyLoss` to smooth any more (it had one at fit "
+                "start): training goes on unsmoothed. Keep the loss a submodule, or use method='target'."
+            )
+        self._unwatch()
+        self._losses = kept
+        self._loss_calls = None  # watch the next smoothed step again: is one of these losses called?
 
     # ------------------------------------------------------------------ method="loss"
     def on_train_batch_start(
@@ -132,6 +162,9 @@ class LabelSmoothing(TargetTransformCallback):
             return
         # Lightning skips on_train_batch_end when the module's on_train_batch_start returns -1: undo here too
         self._restore()
+        if self.__dict__.get("_scanned_epoch", trainer.current_epoch) != trainer.current_epoch:
+            self._scanned_epoch = trainer.current_epoch
+            self._rescan_losses(pl_module)
         self._current = self.smoothing if self.draw_active(trainer) else 0.0
         self._applied = float(self._current > 0)
         if self._applied and self._loss_calls is None:
@@ -205,6 +238,7 @@ class LabelSmoothing(TargetTransformCallback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._unwatch()
         self._restore()
+        self.__dict__.pop("_scanned_epoch", None)  # this fit's; the next sets its own at fit start
         super().teardown(trainer, pl_module, stage)
 
     def knobs(self) -> dict[str, float]:

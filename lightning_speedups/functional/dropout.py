@@ -115,6 +115,8 @@ def _is_augmentation(module: nn.Module) -> bool:
 def _attribute(module: nn.Module, p_types: tuple[type, ...]) -> list[str]:
     if isinstance(module, p_types):
         return ["p"]
+    if type(module).__name__ == "OptimizedModule" and "_orig_mod" in module._modules:
+        return []  # `torch.compile`'s wrapper reads its attributes from `_orig_mod`, a child found on its own
     found = []
     if _rate(getattr(module, "drop_prob", None)) is not None and _settable(module, "drop_prob"):
         found.append("drop_prob")
