@@ -45,6 +45,16 @@ class SpeedupWarning(UserWarning):
     """A lightning-speedups callback found something worth a look, but training can go on."""
 
 
+def restores_state_outside_fit(callback: Callback, trainer: pl.Trainer, checkpoint: Mapping[str, Any]) -> bool:
+    """Whether Lightning is about to hand ``callback`` the state ``checkpoint`` holds for it in a validate, test or
+    predict run (it restores callback state in every stage): for a callback whose state belongs to a fit, and that
+    a later fit on the same trainer continues from, state to leave alone. Call it from ``on_load_checkpoint``."""
+    if trainer.state.fn == TrainerFn.FITTING:
+        return False
+    states = checkpoint.get("callbacks") or {}
+    return bool(states.get(callback.state_key, states.get(callback._legacy_state_key)))  # as Lightning reads it
+
+
 def _snake(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 

@@ -299,6 +299,8 @@ class ResumableDataLoader(DataLoader):
         # "seed": a checkpoint saved before every seed of the order was recorded
         saved = state_dict.get("seeds", [state_dict["seed"]] if "seed" in state_dict else None)
         seeds = self._order_seeds(dm) if dm is not None else None
+        if dm is not None:
+            dm._seeds_checked = dict(state_dict)  # a later loader of this restore need not check again
         if seeds is None or saved is None or [int(s) for s in saved] == seeds:
             return
         pair = ([int(s) for s in saved], seeds)
@@ -756,7 +758,8 @@ class SpeedupDataModule(pl.LightningDataModule):
             # `configure_optimizers`) may come before the one that trains
             loader.load_state_dict(pending)
         else:
-            if pending and self.trainer is not None and not self._in_finder_trial():
+            checked = pending == self.__dict__.get("_seeds_checked")  # by a loader built while it was restored
+            if pending and not checked and self.trainer is not None and not self._in_finder_trial():
                 # the first loader after the restore, built once it ended: an epoch-end checkpoint's resume, which
                 # Lightning hands no loader state (its next epoch's order needs none), but whose seeds still count
                 loader._check_seeds(pending)
@@ -788,6 +791,7 @@ class SpeedupDataModule(pl.LightningDataModule):
         fitting = self.trainer is None or self.trainer.state.fn == TrainerFn.FITTING
         # validate/test/predict(ckpt_path=...) restore it too, but build no training loader to take it
         self._pending_loader_state = state_dict.get(_LOADER_STATE) if fitting else None
+        self._seeds_checked = None  # a new restore: its seeds are checked afresh
         # a BatchSizeFinder that searches before the loops are restored (at fit start) restores a checkpoint of
         # its own after its trials, which leaves Lightning's loops at the run's start (the resumed training state
         # is lost): the loaders built in its trials, the one it trains with among them, start there too
@@ -823,6 +827,7 @@ class SpeedupDataModule(pl.LightningDataModule):
         state.pop("_train_loader", None)
         state.pop("_pending_loader_state", None)
         state.pop("_finders", None)
+        state.pop("_seeds_checked", None)
         return state
 
     def eval_dataloader(

@@ -35,6 +35,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
+from lightning_speedups.base import restores_state_outside_fit
 from lightning_speedups.seam import updating_batchnorm_only
 
 if TYPE_CHECKING:
@@ -363,7 +364,7 @@ class TrainingMeter(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         # `trainer.validate/test(ckpt_path=...)` restores callback state too: the fit's record stays as it ended
-        self._state_not_for_fit = trainer.state.fn != TrainerFn.FITTING
+        self._state_not_for_fit = restores_state_outside_fit(self, trainer, checkpoint)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if self.__dict__.pop("_state_not_for_fit", False):

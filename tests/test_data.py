@@ -340,6 +340,32 @@ def test_resuming_from_an_epoch_end_with_another_shuffle_seed_is_warned_about(tm
         assert run(3, ckpt).seen == full.seen[4:]
 
 
+class LoaderInConfigureOptimizers(IndexModule):
+    def configure_optimizers(self):
+        _ = self.trainer.estimated_stepping_batches  # builds the training loader while the checkpoint is restored
+        return super().configure_optimizers()
+
+
+@pytest.mark.parametrize("checkpoint", ["epoch=0-step=2.ckpt", "end-epoch=0.ckpt"])
+def test_a_resume_with_another_seed_is_warned_about_once_and_a_later_fit_not_at_all(tmp_path, checkpoint):
+    # a loader built while the checkpoint was restored (`estimated_stepping_batches`) kept its state pending: the
+    # epoch's reload, and a later fit on the same trainer with no checkpoint, warned again
+    saving = [
+        ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1),
+        ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, filename="end-{epoch}"),
+    ]
+    t = trainer(max_epochs=1, callbacks=saving, enable_checkpointing=True)
+    t.fit(IndexModule(), datamodule=IndexedDM(n=32, batch_size=8, seed=3))
+    t = trainer(max_epochs=3, reload_dataloaders_every_n_epochs=1)
+    dm = IndexedDM(n=32, batch_size=8, seed=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t.fit(LoaderInConfigureOptimizers(), datamodule=dm, ckpt_path=str(tmp_path / checkpoint))
+        t.fit_loop.max_epochs = 4
+        t.fit(LoaderInConfigureOptimizers(), datamodule=dm)
+    assert sum("shuffled its training data" in str(w.message) for w in caught) == 1
+
+
 def test_resuming_mid_epoch_with_other_training_data_is_warned_about(tmp_path):
     # the resumed epoch skipped `batches x the new batch size` of a permutation of the new data, silently: with
     # batch 16 instead of 8 it trained nothing more of epoch 0, leaving 32 samples unseen

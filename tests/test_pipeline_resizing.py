@@ -18,6 +18,7 @@ from torch.utils.data import Dataset, Subset, get_worker_info, random_split
 from torchvision.datasets import FakeData
 
 from lightning_speedups import ProgressiveResizing, ScheduledResize, SpeedupDataModule, SpeedupWarning
+from lightning_speedups.data import ResumableDataLoader
 from lightning_speedups.functional import ResizePlan
 from lightning_speedups.pipeline import PlannedIndex, ResolutionDataset, ResolutionSampler, current_resize_plan
 from tests.helpers import NUM_CLASSES, image_tensors, trainer
@@ -558,6 +559,16 @@ def test_a_loader_built_by_hand_before_the_trainer_is_told_to_pass_the_datamodul
     with pytest.raises(RuntimeError, match=r"while the datamodule had no trainer.*datamodule=dm"):
         trainer(callbacks=[ProgressiveResizing(mode="pipeline")], max_epochs=1).fit(
             PipelineRecorder(), train_dataloaders=loader
+        )
+
+    class OwnResumableLoader(PipelineData):  # an override docs/data.md shows: not built by hand, not wrapped
+        def train_dataloader(self):
+            sampler = self.train_sampler(self.train_dataset)
+            return ResumableDataLoader(self.train_dataset, batch_size=8, sampler=sampler, speedups_datamodule=self)
+
+    with pytest.raises(RuntimeError, match=r"a `train_dataloader` override that builds its own"):
+        trainer(callbacks=[ProgressiveResizing(mode="pipeline")], max_epochs=1).fit(
+            PipelineRecorder(), datamodule=OwnResumableLoader(num_workers=0)
         )
 
 

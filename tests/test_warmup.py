@@ -652,6 +652,16 @@ def test_an_evaluation_from_an_earlier_checkpoint_between_two_fits_leaves_the_wa
     t.fit(module)
     assert used + module.used == pytest.approx(whole.used)
     assert [lr / LR for lr in whole.used] == pytest.approx([ramp(u, 12, 2.0) for u in range(16)])
+    # a checkpoint without this callback's state (a baseline run's) leaves nothing behind that would drop a
+    # `load_state_dict` called by hand afterwards
+    baseline = tmp_path / "baseline.ckpt"
+    t.save_checkpoint(baseline)
+    checkpoint = torch.load(baseline, weights_only=False)
+    checkpoint["callbacks"] = {}
+    torch.save(checkpoint, baseline)
+    getattr(t, stage)(module, module.val_dataloader(), ckpt_path=str(baseline), verbose=False)
+    cb.load_state_dict({**cb.state_dict(), "updates": [3]})
+    assert cb.updates == [3]
 
 
 def test_a_fresh_fit_after_validating_a_checkpoint_of_another_batch_does_not_warn_of_a_resumed_batch(tmp_path):

@@ -668,7 +668,7 @@ class ProgressiveResizing(SpeedupCallback):
                     f"`Trainer(overfit_batches={trainer.overfit_batches})`. Drop `overfit_batches`, or use "
                     "mode='resize' for overfitting runs."
                 )
-            elif isinstance(loader, ResumableDataLoader) and not self._wrapped_loader:
+            elif isinstance(loader, ResumableDataLoader) and _built_without_trainer(loader):
                 cause = (
                     "this loader was built by `SpeedupDataModule.train_dataloader()` while the datamodule had no "
                     "trainer (called by hand and passed as `train_dataloaders=`?), so the callback could not attach "
@@ -950,3 +950,9 @@ class ProgressiveResizing(SpeedupCallback):
         self._full_batches = state_dict.get("full_batches", math.inf)
         # a checkpoint from before `run` was saved: count from the resume (at worst a recalibration too many)
         self._run = state_dict.get("run", 0 if self._size is not None else math.inf)
+
+
+def _built_without_trainer(loader: ResumableDataLoader) -> bool:
+    """A loader of a datamodule that never had a trainer: ``dm.train_dataloader()`` called by hand."""
+    datamodule = getattr(loader, "speedups_datamodule", None)
+    return datamodule is not None and getattr(datamodule, "trainer", None) is None

@@ -8,14 +8,19 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 from lightning.pytorch.callbacks import BatchSizeFinder, Callback, GradientAccumulationScheduler, LearningRateFinder
-from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from lightning_speedups import _checks
-from lightning_speedups.base import SpeedupCallback, accumulation, run_length, steps_per_batch
+from lightning_speedups.base import (
+    SpeedupCallback,
+    accumulation,
+    restores_state_outside_fit,
+    run_length,
+    steps_per_batch,
+)
 from lightning_speedups.functional.warmup import (
     SCALING_RULES,
     WARMUP_STARTS,
@@ -319,7 +324,7 @@ class LinearScalingWarmup(SpeedupCallback):
     ) -> None:
         # `trainer.validate/test/predict(ckpt_path=...)` restores callback state too: not this callback's (it does
         # nothing there), or the next fit on this trainer would continue from that checkpoint's count, not its own
-        self._state_not_for_fit = trainer.state.fn != TrainerFn.FITTING
+        self._state_not_for_fit = restores_state_outside_fit(self, trainer, checkpoint)
         # Here, not in load_state_dict: Lightning calls this for every checkpoint, one saved without this callback
         # (a baseline run's) too.
         guard = self.__dict__.get("_resume_guard")
