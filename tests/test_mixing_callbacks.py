@@ -2,6 +2,7 @@
 
 import copy
 import pickle
+import re
 import warnings
 from typing import Any
 
@@ -726,14 +727,27 @@ def test_loss_mode_smooths_a_loss_the_module_builds_again_at_an_epoch_start():
     for got, by_hand in model.loss_check:
         assert got == pytest.approx(by_hand, rel=1e-5)
     model = NewLossEachEpoch(smoothing_of_its_own=0.05)
-    with pytest.warns(
-        SpeedupWarning, match=r"new since the last epoch, has `label_smoothing=0.05`.*not smoothed again"
-    ):
+    with pytest.warns(SpeedupWarning) as caught:
         trainer(callbacks=[LabelSmoothing(0.1, method="loss")], max_epochs=2).fit(model, *loaders("list"))
     assert model.train_eps == [0.1] * 4 + [0.05] * 4
+    messages = [str(w.message) for w in caught if issubclass(w.category, SpeedupWarning)]
+    assert len(messages) == 1 and re.search(r"has `label_smoothing=0.05`.*not smoothed again", messages[0])
     model = NewLossEachEpoch(drop_at=1)
     with pytest.warns(SpeedupWarning, match=r"no `nn.CrossEntropyLoss` to smooth any more"):
         trainer(callbacks=[LabelSmoothing(0.1, method="loss")], max_epochs=2).fit(model, *loaders("list"))
+
+
+@pytest.mark.parametrize("first", ["early", "late"])
+def test_two_loss_mode_windows_smooth_a_loss_the_module_builds_again_in_either_order(first):
+    # the later callback read the value the earlier one had just set as the new loss's own smoothing, and left
+    # the loss out: the second window trained unsmoothed, with two false warnings
+    early, late = LabelSmoothing(0.1, method="loss", end=0.5), LabelSmoothing(0.2, method="loss", start=0.5)
+    model = NewLossEachEpoch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupWarning)
+        callbacks = [early, late] if first == "early" else [late, early]
+        trainer(callbacks=callbacks, max_epochs=3).fit(model, *loaders("list"))
+    assert model.train_eps == [0.1] * 6 + [0.2] * 6
 
 
 def test_a_second_fit_infers_its_own_classes_and_seed():

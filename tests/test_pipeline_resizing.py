@@ -556,9 +556,16 @@ def test_a_loader_built_by_hand_before_the_trainer_is_told_to_pass_the_datamodul
     dm = PipelineData(num_workers=0)
     dm.setup("fit")
     loader = dm.train_dataloader()  # no trainer yet: no callback could attach the sizes
-    with pytest.raises(RuntimeError, match=r"while the datamodule had no trainer.*datamodule=dm"):
+    with pytest.raises(RuntimeError, match=r"while the datamodule was not this trainer.s.*datamodule=dm"):
         trainer(callbacks=[ProgressiveResizing(mode="pipeline")], max_epochs=1).fit(
             PipelineRecorder(), train_dataloaders=loader
+        )
+
+    dm = PipelineData(num_workers=0)  # attached to an earlier fit's trainer, then built by hand for this one
+    trainer(callbacks=[ProgressiveResizing(mode="pipeline")], max_steps=1).fit(PipelineRecorder(), datamodule=dm)
+    with pytest.raises(RuntimeError, match=r"while the datamodule was not this trainer.s.*datamodule=dm"):
+        trainer(callbacks=[ProgressiveResizing(mode="pipeline")], max_epochs=1).fit(
+            PipelineRecorder(), train_dataloaders=dm.train_dataloader()
         )
 
     class OwnResumableLoader(PipelineData):  # an override docs/data.md shows: not built by hand, not wrapped

@@ -126,7 +126,7 @@ class LabelSmoothing(TargetTransformCallback):
         self._scanned_epoch: int | None = None  # losses are looked for again at each epoch's first batch
         self._found = list(self._losses)  # what the latest look found (held: ids of freed modules are reused)
 
-    def _rescan_losses(self, pl_module: pl.LightningModule) -> None:
+    def _rescan_losses(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Find the losses again: a module or callback may build a new one at an epoch's start (class weights
         estimated again), which the list found at fit start would miss, leaving training unsmoothed."""
         found = cross_entropy_modules(pl_module)
@@ -137,7 +137,7 @@ class LabelSmoothing(TargetTransformCallback):
         kept = []
         for loss in found:
             attribute = "label_smoothing" if hasattr(loss, "label_smoothing") else "smoothing"
-            already = getattr(loss, attribute, 0.0) or 0.0
+            already = _own_value(loss, attribute, trainer) or 0.0
             if already > 0 and all(loss is not old for old in self._losses):
                 self.warn(
                     f"method='loss': the loss `{names.get(id(loss), '?')}` ({type(loss).__name__}), new since the "
@@ -145,7 +145,7 @@ class LabelSmoothing(TargetTransformCallback):
                 )
                 continue
             kept.append(loss)
-        if not kept:
+        if not found:
             self.warn(
                 "method='loss': the module has no `nn.CrossEntropyLoss` to smooth any more (it had one at fit "
                 "start): training goes on unsmoothed. Keep the loss a submodule, or use method='target'."
@@ -164,7 +164,7 @@ class LabelSmoothing(TargetTransformCallback):
         self._restore()
         if self.__dict__.get("_scanned_epoch", trainer.current_epoch) != trainer.current_epoch:
             self._scanned_epoch = trainer.current_epoch
-            self._rescan_losses(pl_module)
+            self._rescan_losses(trainer, pl_module)
         self._current = self.smoothing if self.draw_active(trainer) else 0.0
         self._applied = float(self._current > 0)
         if self._applied and self._loss_calls is None:
@@ -243,3 +243,14 @@ class LabelSmoothing(TargetTransformCallback):
 
     def knobs(self) -> dict[str, float]:
         return {"smoothing": self._current if self._applied else 0.0}
+
+
+def _own_value(loss: nn.Module, attribute: str, trainer: pl.Trainer) -> Any:
+    """The loss's own smoothing: where a `LabelSmoothing` earlier in the callbacks set it for this step, the value
+    that one saved (the first to set it saved the loss's own), not the value it set."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, LabelSmoothing):
+            for saved_loss, attrs in callback.__dict__.get("_saved", ()):
+                if saved_loss is loss:
+                    return attrs.get(attribute)
+    return getattr(loss, attribute, 0.0)

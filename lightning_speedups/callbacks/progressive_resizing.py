@@ -668,10 +668,10 @@ class ProgressiveResizing(SpeedupCallback):
                     f"`Trainer(overfit_batches={trainer.overfit_batches})`. Drop `overfit_batches`, or use "
                     "mode='resize' for overfitting runs."
                 )
-            elif isinstance(loader, ResumableDataLoader) and _built_without_trainer(loader):
+            elif isinstance(loader, ResumableDataLoader) and _built_without_trainer(loader, trainer):
                 cause = (
-                    "this loader was built by `SpeedupDataModule.train_dataloader()` while the datamodule had no "
-                    "trainer (called by hand and passed as `train_dataloaders=`?), so the callback could not attach "
+                    "this loader was built by `SpeedupDataModule.train_dataloader()` while the datamodule was not this "
+                    "trainer's (called by hand and passed as `train_dataloaders=`?), so the callback could not attach "
                     "the sizes. Pass the datamodule instead: `trainer.fit(model, datamodule=dm)`; or use "
                     "mode='resize'."
                 )
@@ -952,7 +952,8 @@ class ProgressiveResizing(SpeedupCallback):
         self._run = state_dict.get("run", 0 if self._size is not None else math.inf)
 
 
-def _built_without_trainer(loader: ResumableDataLoader) -> bool:
-    """A loader of a datamodule that never had a trainer: ``dm.train_dataloader()`` called by hand."""
+def _built_without_trainer(loader: ResumableDataLoader, trainer: pl.Trainer) -> bool:
+    """A loader of a datamodule that is not this trainer's (none, or an earlier fit's): ``dm.train_dataloader()``
+    called by hand and passed as ``train_dataloaders=``."""
     datamodule = getattr(loader, "speedups_datamodule", None)
-    return datamodule is not None and getattr(datamodule, "trainer", None) is None
+    return datamodule is not None and getattr(datamodule, "trainer", None) is not trainer

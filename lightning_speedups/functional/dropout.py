@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import sys
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,10 +113,16 @@ def _is_augmentation(module: nn.Module) -> bool:
     return type(module).__module__.startswith("kornia.") or hasattr(module, "p_batch")
 
 
+def _is_compile_wrapper(module: nn.Module) -> bool:
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing was compiled
+    wrapper = getattr(eval_frame, "OptimizedModule", None)
+    return wrapper is not None and isinstance(module, wrapper)
+
+
 def _attribute(module: nn.Module, p_types: tuple[type, ...]) -> list[str]:
     if isinstance(module, p_types):
         return ["p"]
-    if type(module).__name__ == "OptimizedModule" and "_orig_mod" in module._modules:
+    if _is_compile_wrapper(module):
         return []  # `torch.compile`'s wrapper reads its attributes from `_orig_mod`, a child found on its own
     found = []
     if _rate(getattr(module, "drop_prob", None)) is not None and _settable(module, "drop_prob"):
