@@ -32,15 +32,12 @@ the whole callback list; add your own with ``--trainer.callbacks+=``.
 
 from __future__ import annotations
 
-import difflib
 import inspect
-import re
 import sys
 from typing import Any
 
 from jsonargparse import Namespace
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import lightning_speedups  # noqa: F401  (registers the callbacks' short names)
@@ -69,9 +66,6 @@ class SpeedupCLI(LightningCLI):
             first = _parse_without_validation(parser.parse_object, args)
         else:
             raw = sys.argv[1:] if args is None else list(args)
-            unknown = _unknown_callback_name(raw)
-            if unknown is not None:  # jsonargparse says only "Expected a dot import path string", with no fix
-                parser.error(unknown)
             first = _parse_without_validation(parser.parse_args, [a for a in raw if not _is_print_config(a)])
         subcommand = first.get("subcommand")  # `self.subcommand` is set only after parsing
         config = first[subcommand] if subcommand else first
@@ -160,42 +154,3 @@ def _parse_without_validation(parse: Any, args: Any) -> Any:
         if flag in parameters:
             return parse(args, **{flag: True})
     return parse(args)
-
-
-_CALLBACK_OPTION = re.compile(r"^--trainer\.callbacks(\+)?(=(?P<value>.*))?$")
-
-
-def _unknown_callback_name(raw: list[str]) -> str | None:
-    """The message for a bare callback name on the command line (``--trainer.callbacks+=MixUpp``) that names no
-    imported ``Callback`` class, with the closest known name; None if every such name is known."""
-    for i, arg in enumerate(raw):
-        match = _CALLBACK_OPTION.match(arg)
-        if match is None:
-            continue
-        value = match.group("value")
-        if value is None and not arg.endswith("=") and i + 1 < len(raw):
-            value = raw[i + 1]  # `--trainer.callbacks+ MixUp`
-        if value is None or not value.isidentifier():
-            continue  # a dotted import path, a JSON or YAML value: jsonargparse's to judge
-        known = _callback_names()
-        if value in known:
-            continue
-        close = difflib.get_close_matches(value, sorted(known), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        return (
-            f"no callback class named {value!r} is known (from `lightning_speedups`, Lightning, or a module your "
-            f"script imports).{hint} Give another package's callback by its import path (`my_pkg.MyCallback`)."
-        )
-    return None
-
-
-def _callback_names() -> set[str]:
-    """Names of every imported ``Callback`` subclass: the short names jsonargparse resolves."""
-    seen: set[type] = set()
-    todo = [Callback]
-    while todo:
-        for sub in todo.pop().__subclasses__():
-            if sub not in seen:
-                seen.add(sub)
-                todo.append(sub)
-    return {cls.__name__ for cls in seen}

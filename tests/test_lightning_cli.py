@@ -105,25 +105,6 @@ def test_unknown_preset_is_a_parser_error_naming_the_closest(capsys):
     assert "Unknown preset 'vision-mid'" in err and "Did you mean" in err
 
 
-@pytest.mark.parametrize("args", [["--trainer.callbacks+=MixUpp"], ["--trainer.callbacks+", "MixUpp"]])
-def test_a_misspelt_callback_short_name_is_a_parser_error_naming_the_closest(capsys, args):
-    # jsonargparse alone: "Expected a dot import path string: MixUpp", after 55 lines of usage
-    with pytest.raises(SystemExit):
-        cli(args, cls=SpeedupCLI)
-    err = capsys.readouterr().err
-    assert "no callback class named 'MixUpp' is known" in err and "Did you mean 'MixUp'?" in err
-    c = cli(
-        ["--trainer.callbacks+=MixUp", "--trainer.callbacks+=lightning.pytorch.callbacks.LearningRateMonitor"],
-        cls=SpeedupCLI,
-    )
-    assert [
-        type(cb).__name__ for cb in c.trainer.callbacks if type(cb).__name__ in ("MixUp", "LearningRateMonitor")
-    ] == [
-        "MixUp",
-        "LearningRateMonitor",
-    ]
-
-
 @pytest.mark.parametrize("name", ["vision-aggressive", "large-batch", "baseline"])
 def test_shipped_config_loads_in_a_plain_lightning_cli(name):
     c = cli([f"--config={presets.config_path(name)}"])
