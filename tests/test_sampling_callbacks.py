@@ -981,6 +981,21 @@ def test_a_scorer_that_returns_no_scores_is_named():
         fit([cur], max_epochs=1)
 
 
+def test_a_scorer_that_returns_complex_or_out_of_range_scores_is_told_so():
+    # complex scores lost their imaginary part (all 0: a random order); finite float64 scores beyond float32's
+    # range became inf and were called "NaN or infinite" although the scorer gave none
+    def complex_scores(module, batch):
+        return torch.full((len(batch[1]),), 1 + 2j)
+
+    def huge(module, batch):
+        return torch.full((len(batch[1]),), 1e300, dtype=torch.float64)
+
+    with pytest.raises(TypeError, match=r"the scorer returned complex scores; they must be real numbers"):
+        fit([CurriculumOrdering(difficulty=complex_scores)], max_epochs=1)
+    with pytest.raises(ValueError, match=r"finite scores beyond float32's range.*rescale them"):
+        fit([CurriculumOrdering(difficulty=huge)], max_epochs=1)
+
+
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes are Python 3.11+")
 def test_a_scorer_of_the_users_that_fails_is_named_and_a_missing_field_error_left_as_it_is():
     def lookup(module, batch):

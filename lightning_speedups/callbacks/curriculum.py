@@ -446,7 +446,15 @@ class CurriculumOrdering(SpeedupCallback):
                             "samples; it must return one score per sample of the batch, shape (B,)."
                         )
                     done += expected
-                    parts.append(scores.float().cpu())  # float32: what checkpoints keep, exactly
+                    if scores.is_complex():
+                        raise TypeError(f"{self._who}: the scorer returned complex scores; they must be real numbers.")
+                    kept = scores.float()
+                    if not bool(torch.isfinite(kept).all()) and bool(torch.isfinite(scores).all()):
+                        raise ValueError(
+                            f"{self._who}: the scorer returned finite scores beyond float32's range (about 3.4e38), "
+                            "in which scores are kept; rescale them (their logarithm orders the samples alike)."
+                        )
+                    parts.append(kept.cpu())  # float32: what checkpoints keep, exactly
         finally:
             for module, training in modes.items():
                 module.training = training
