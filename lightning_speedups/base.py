@@ -182,6 +182,10 @@ def training_progress(
     gradient accumulation, scheduled accumulation); pass a cached value in hot paths. Under manual optimization,
     whose global step counts whatever steps the module takes (several optimizers per batch, or one step every
     few batches), batches measure the ``max_epochs`` bound (``epochs_bound``: its batches, cached by the caller).
+
+    Stateless: it reads the current loader's length as every epoch's, so with loaders that reload at another
+    length it can step back, and end short of 1. ``SpeedupCallback.progress`` keeps the point reached at each
+    reload and is monotone: use it in a callback.
     """
     total = run_length(trainer) if total_steps is None else total_steps
     if not math.isfinite(total):
