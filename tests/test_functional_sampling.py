@@ -109,6 +109,18 @@ def test_an_object_table_of_numbers_reads_as_its_numeric_twin():
     for bad, said in (([[0, 1.5], [2]], "got 1.5"), ([[0, float("nan")], [2]], "got nan")):
         with pytest.raises(ValueError, match=f"Class ids must be integers, {said}"):
             fs.label_sets(bad)
+    # one label per sample in a float array: the value and the sample named (was "got dtype float64"), and NaN for
+    # a missing label told to be an empty list; booleans told how to read them
+    for bad, said in (
+        (
+            np.array([0.0, 1.0, np.nan]),
+            r"got nan at sample 2 \(dtype float64\)\. Give a sample without labels an empty",
+        ),
+        (np.array([0.0, 1.5]), r"got 1\.5 at sample 1"),
+        (np.array([True, False]), r"got booleans: `\.astype\(int\)`.*shape \(N, 1\)"),
+    ):
+        with pytest.raises(ValueError, match=f"Class ids must be integers, {said}"):
+            fs.repeat_factors(bad, 0.5)
     for huge in ([[0, 1e19], [2]], [[2**64], [1]]):
         with pytest.raises(ValueError, match=r"Class ids must be below 2\*\*63"):
             fs.label_sets(huge)

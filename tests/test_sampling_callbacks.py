@@ -143,6 +143,19 @@ def test_a_fresh_dataset_wrapper_per_call_is_warned_about_once_not_at_every_relo
     assert len(said) == 1 and rfs.epoch_length == 40
 
 
+def test_a_threshold_that_repeats_most_of_the_data_is_warned_about():
+    # every sample its own class with threshold 1: each factor is sqrt(40), epochs of 253 samples for 40, unsaid
+    rfs = RepeatFactorSampling(threshold=1.0, labels=np.arange(40))
+    with pytest.warns(
+        SpeedupWarning, match=r"each epoch 6\.3x the dataset \(253 samples for 40; largest factor 6\.3\)"
+    ):
+        fit([rfs], n=40, max_epochs=1)
+    assert rfs.epoch_length == 253 == round(40 * math.sqrt(40))
+    with warnings.catch_warnings():  # 1.3x the dataset: rare classes oversampled, not warned about
+        warnings.filterwarnings("error", ".*x the dataset", SpeedupWarning)
+        fit([RepeatFactorSampling(threshold=0.5, labels=np.arange(40) % 2 + np.repeat([0, 2], [36, 4]))], n=40)
+
+
 def test_labels_from_an_array_or_a_callable_and_multi_label():
     labels = [[0]] * 70 + [[0, 1]] * 8 + [[1, 2]] + [[]]
     a = RepeatFactorSampling(threshold=0.2, labels=labels)

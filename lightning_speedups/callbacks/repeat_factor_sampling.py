@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 Labels = Any
 
 
+#: epochs longer than this many times the dataset are warned about (a threshold meant for rarer classes)
+_LONG_EPOCH = 5
+
+
 class RepeatFactorSampling(SpeedupCallback):
     """Repeat each training sample ``r`` times per epoch on average, ``r`` large for samples of rare classes.
 
@@ -162,6 +166,13 @@ class RepeatFactorSampling(SpeedupCallback):
             self.warn(
                 f"no class is in fewer than {self.threshold:g} of the samples, so every repeat factor is 1 and "
                 "this is a plain shuffle. Raise `threshold` to oversample the rarer classes."
+            )
+        elif not again and size and self.epoch_length > _LONG_EPOCH * size:
+            self.warn(
+                f"the repeat factors make each epoch {self.epoch_length / size:.1f}x the dataset ({self.epoch_length} "
+                f"samples for {size}; largest factor {float(self._class_factors.max()):.1f}): `threshold="
+                f"{self.threshold:g}` repeats much of the data, not only its rare classes. Lower `threshold`, or "
+                "set `max_epochs` with this length in mind."
             )
         return factors
 

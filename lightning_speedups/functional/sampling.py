@@ -214,8 +214,18 @@ def _class_ids(values: np.ndarray) -> np.ndarray:
             "e.g. `np.unique(labels, return_inverse=True)[1]`."
         )
     elif not np.issubdtype(values.dtype, np.integer):
-        if np.issubdtype(values.dtype, np.bool_) or not np.all(np.mod(values, 1) == 0):
-            raise ValueError(f"Class ids must be integers, got dtype {values.dtype}.")
+        if np.issubdtype(values.dtype, np.bool_):
+            raise ValueError(
+                "Class ids must be integers, got booleans: `.astype(int)` for ids 0 and 1, or shape (N, 1) for one "
+                "class that a sample has or not (read as multi-hot)."
+            )
+        whole = np.mod(values, 1) == 0
+        if not np.all(whole):
+            i = int(np.flatnonzero(~whole)[0])
+            hint = " Give a sample without labels an empty list, not NaN." if np.isnan(values[i]) else ""
+            raise ValueError(
+                f"Class ids must be integers, got {values[i].item()!r} at sample {i} (dtype {values.dtype}).{hint}"
+            )
         values = values.astype(np.int64)
     values = values.astype(np.int64, copy=False)
     if len(values) and values.min() < 0:
